@@ -1,0 +1,328 @@
+"""Pure numpy ground truth for the kbit format (SPEC section 1).
+
+Everything here is written for clarity, vectorised over blocks, in float32 where the
+library computes in float32, so the library's bytes can be checked against it exactly.
+
+The quantizer (the format leaves it free; this is the one kbit ships):
+  1. a = max |x| over the block; a_s = a / tensor_scale.
+  2. The stored scale: fp32 stores a_s; fp16 stores a_s rounded up to a half;
+     E4M4 tries the candidate codes c0-2, c0-1, c0, c0+1 around c0 = the smallest
+     code whose value is >= a_s, and keeps the one with the least squared error.
+  3. Each element gets the code of the codebook entry nearest to x / d, where
+     d = decode(stored) * tensor_scale. Nearest is decided against the midpoints of
+     the sorted distinct entries (computed in float32); on an exact midpoint the lower
+     original index wins; among duplicates the lowest index wins.
+  4. Non-finite blocks: fp32/fp16 store NaN (the block dequantizes to NaN), E4M4 has
+     no NaN, stores 255 and reports a range error. Blocks over the format's maximum
+     are stored at the maximum and reported as range errors.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BLOCK = 32
+E4M4_MAX = 31.0
+FP16_MAX = 65504.0
+ABSMAX_FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
+# Candidate offsets from c0 tried by the E4M4 scale search, in order of preference
+# (the first with the least error wins).
+E4M4_CANDIDATES = (0, -1, -2, 1)
+# Squared residuals are summed as integers in units of 2^-24 * d^2 (exact and
+# order-independent, so CPU and GPU agree bit for bit); each term is capped at 2^26.
+ERR_SCALE = 4096.0
+ERR_CAP = float(1 << 26)
+
+
+class RangeError(ValueError):
+    """A block's absmax / tensor_scale does not fit the absmax format."""
+
+
+# ----------------------------------------------------------------------------------
+# Codebook
+# ----------------------------------------------------------------------------------
+
+def _norm_ppf(p: float) -> float:
+    """Inverse of the standard normal CDF (Acklam's rational start, Newton-polished)."""
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02,
+         1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02,
+         6.680131188771972e01, -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
+         -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
+         3.754408661907416e00)
+    if p < 0.02425:
+        q = math.sqrt(-2 * math.log(p))
+        x = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
+            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    elif p > 1 - 0.02425:
+        q = math.sqrt(-2 * math.log(1 - p))
+        x = -(((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
+            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    else:
+        q = p - 0.5
+        r = q * q
+        x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / \
+            (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+    for _ in range(3):  # Newton on Phi(x) - p, Phi from erfc (accurate in both tails)
+        err = 0.5 * math.erfc(-x / math.sqrt(2)) - p
+        x -= err * math.sqrt(2 * math.pi) * math.exp(0.5 * x * x)
+    return x
+
+
+def create_normal_float_codebook(k: int) -> np.ndarray:
+    """The default symmetric normal-float codebook: 2^k quantiles of N(0,1) at
+    (i + 0.5) / 2^k, divided by the largest magnitude, ascending, float32."""
+    if k not in (2, 3, 4, 5):
+        raise ValueError(f"k must be 2..5, got {k}")
+    m = 1 << k
+    q = np.array([_norm_ppf((i + 0.5) / m) for i in range(m)], dtype=np.float64)
+    q = (q - q[::-1]) / 2  # exact antisymmetry
+    return (q / np.abs(q).max()).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------
+# E4M4 and fp16 scales
+# ----------------------------------------------------------------------------------
+
+def decode_e4m4(code) -> np.ndarray:
+    c = np.asarray(code, dtype=np.uint8).astype(np.int64)
+    e, m = c >> 4, c & 15
+    normal = np.ldexp(1.0 + m / 16.0, (e - 11).astype(np.int64))
+    sub = np.ldexp(m / 16.0, -10)
+    return np.where(e > 0, normal, sub).astype(np.float32)
+
+
+_E4M4_TABLE = decode_e4m4(np.arange(256))
+
+
+def encode_e4m4(value, mode: str = "ceil") -> np.ndarray:
+    """Encodes non-negative values: 'ceil' = smallest code >= value (what the
+    quantizer uses), 'nearest' = nearest code (ties to even code). Values above 31
+    raise RangeError."""
+    v = np.asarray(value, dtype=np.float32)
+    if np.any(~np.isfinite(v)) or np.any(v < 0):
+        raise ValueError("E4M4 encodes finite non-negative values")
+    if np.any(v > E4M4_MAX):
+        raise RangeError("value exceeds the E4M4 maximum 31.0")
+    idx = np.searchsorted(_E4M4_TABLE, v, side="left")  # first code with value >= v
+    if mode == "ceil":
+        return idx.astype(np.uint8)
+    lo = np.maximum(idx - 1, 0)
+    dlo, dhi = v - _E4M4_TABLE[lo], _E4M4_TABLE[idx] - v
+    pick = np.where((dlo < dhi) | ((dlo == dhi) & (lo % 2 == 0)), lo, idx)
+    return pick.astype(np.uint8)
+
+
+def fp16_ceil(value) -> np.ndarray:
+    """Smallest fp16 >= value (float32 in, float16 out)."""
+    v = np.asarray(value, dtype=np.float32)
+    h = v.astype(np.float16)
+    low = h.astype(np.float32) < v
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h
+
+
+# ----------------------------------------------------------------------------------
+# Bit planes
+# ----------------------------------------------------------------------------------
+
+def pack_bitplanes(codes: np.ndarray, k: int) -> np.ndarray:
+    """codes: (n_blocks, 32) ints < 2^k -> (n_blocks * k,) uint32; word j of a block
+    holds bit j of every code, element i at bit i."""
+    codes = np.asarray(codes, dtype=np.uint32).reshape(-1, BLOCK)
+    shifts = np.arange(BLOCK, dtype=np.uint32)
+    planes = [(((codes >> j) & 1) << shifts).sum(axis=1, dtype=np.uint64)
+              for j in range(k)]
+    return np.stack(planes, axis=1).astype(np.uint32).reshape(-1)
+
+
+def unpack_bitplanes(packed: np.ndarray, k: int) -> np.ndarray:
+    """Inverse of pack_bitplanes: (n_blocks * k,) uint32 -> (n_blocks, 32) uint8."""
+    words = np.asarray(packed, dtype=np.uint32).reshape(-1, k)
+    shifts = np.arange(BLOCK, dtype=np.uint32)
+    codes = np.zeros((words.shape[0], BLOCK), dtype=np.uint32)
+    for j in range(k):
+        codes |= ((words[:, j:j + 1] >> shifts) & 1) << j
+    return codes.astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------
+# Quantize / dequantize
+# ----------------------------------------------------------------------------------
+
+def _search_table(codebook: np.ndarray):
+    """Sorted distinct entries, their lowest original index, midpoints and the code
+    an exact midpoint goes to."""
+    cb = np.asarray(codebook, dtype=np.float32)
+    order = np.lexsort((np.arange(cb.size), cb))  # by value, then by index
+    s, idx = cb[order], order
+    first = np.concatenate([[True], s[1:] != s[:-1]])
+    s, idx = s[first], idx[first]
+    t = (s[:-1] + s[1:]) * np.float32(0.5)
+    tie = np.minimum(idx[:-1], idx[1:])
+    return s, idx, t.astype(np.float32), tie
+
+
+def _nearest(v: np.ndarray, table) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and codebook values of the entries nearest to v (any shape)."""
+    s, idx, t, tie = table
+    p = np.searchsorted(t, v, side="left")  # number of midpoints < v
+    code, val = idx[p], s[p]
+    if t.size:
+        pc = np.minimum(p, t.size - 1)
+        on_mid = (p < t.size) & (v == t[pc])
+        code = np.where(on_mid, tie[pc], code)
+    return code.astype(np.uint8), val
+
+
+def _as_float32(x) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        return x.reshape(-1)
+    if x.dtype == np.float16:
+        return x.astype(np.float32).reshape(-1)
+    if x.dtype == np.uint16:  # raw bfloat16 bits
+        return (x.astype(np.uint32) << 16).view(np.float32).reshape(-1)
+    raise TypeError(f"unsupported dtype {x.dtype}")
+
+
+def _inverse(d):
+    """1/d per block in float32; 0 where d is not > 0 (zero blocks)."""
+    d = np.asarray(d, dtype=np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+
+
+def _scaled(xb, inv):
+    """v = x * (1/d) in float32, NaN (0 * inf) replaced by 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (xb * inv[:, None]).astype(np.float32)
+    v[np.isnan(v)] = 0
+    return v
+
+
+def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
+                  tensor_scale: float = 1.0, strict: bool = True):
+    """Quantizes x (float32, float16, or uint16 bfloat16 bits; any shape, taken flat).
+
+    Returns (packed uint32[n_blocks*k], absmax array: float32 / float16 / uint8).
+    Raises RangeError when a block does not fit the format and strict is True;
+    with strict=False it returns the clipped result, as the library writes it.
+    """
+    cb = create_normal_float_codebook(k) if codebook is None else \
+        np.asarray(codebook, dtype=np.float32).reshape(-1)
+    if cb.size != (1 << k):
+        raise ValueError(f"codebook must have {1 << k} entries")
+    flat = _as_float32(x)
+    n = flat.size
+    nb = (n + BLOCK - 1) // BLOCK
+    xb = np.zeros(nb * BLOCK, dtype=np.float32)
+    xb[:n] = flat
+    xb = xb.reshape(nb, BLOCK)
+    valid = (np.arange(nb * BLOCK) < n).reshape(nb, BLOCK)
+    ts = np.float32(tensor_scale)
+    table = _search_table(cb)
+
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        a = np.abs(xb).max(axis=1)  # NaN propagates
+        finite = np.isfinite(a)
+        a_s = (a / ts).astype(np.float32)
+        over = np.zeros(nb, dtype=bool)
+
+        if absmax_format == "fp32":
+            stored = np.where(finite, a_s, np.float32(np.nan)).astype(np.float32)
+            dec = stored
+        elif absmax_format == "fp16":
+            over = finite & (a_s > FP16_MAX)
+            h = fp16_ceil(np.where(finite, np.minimum(a_s, FP16_MAX), 0))
+            stored = np.where(finite, h, np.float16(np.nan)).astype(np.float16)
+            dec = stored.astype(np.float32)
+        elif absmax_format == "e4m4":
+            over = ~finite | (a_s > E4M4_MAX)
+            c0 = encode_e4m4(np.where(over, 0, a_s)).astype(np.int64)
+            c0[over] = 255
+            best = c0.copy()
+            best_score = np.full(nb, np.inf)
+            search = ~over & (c0 > 0)
+            for off in E4M4_CANDIDATES:
+                c = c0 + off
+                ok = search & (c >= 1) & (c <= 255)
+                cc = np.clip(c, 1, 255)
+                dec_c = _E4M4_TABLE[cc]
+                d = (dec_c * ts).astype(np.float32)
+                inv = _inverse(d)
+                xv = _scaled(xb, inv)
+                _, val = _nearest(xv, table)
+                r = (xv - val).astype(np.float32)
+                t = (r * np.float32(ERR_SCALE)).astype(np.float32)
+                units = np.rint(np.minimum(t * t, np.float32(ERR_CAP))).astype(np.uint64)
+                units[~valid] = 0
+                s = units.sum(axis=1)
+                score = s.astype(np.float64) * dec_c.astype(np.float64) ** 2
+                better = ok & (score < best_score)
+                best = np.where(better, cc, best)
+                best_score = np.where(better, score, best_score)
+            stored = best.astype(np.uint8)
+            dec = _E4M4_TABLE[stored]
+        else:
+            raise ValueError(f"unknown absmax format {absmax_format!r}")
+
+        if strict and over.any():
+            raise RangeError(f"{int(over.sum())} block(s) exceed the {absmax_format} "
+                             f"range at tensor_scale={float(ts)}")
+        d = (dec.astype(np.float32) * ts).astype(np.float32)
+        inv = np.where(finite, _inverse(d), np.float32(0)).astype(np.float32)
+        xv = _scaled(xb, inv)  # zero blocks: v = 0
+        codes, _ = _nearest(xv, table)
+        codes[~finite] = 0
+        codes[~valid] = 0
+    return pack_bitplanes(codes, k), stored
+
+
+def dequantize_kbit(packed, absmax, k: int, n: int, codebook=None,
+                    absmax_format: str = "e4m4", tensor_scale: float = 1.0,
+                    dtype=np.float32) -> np.ndarray:
+    """out[i] = float32(codebook[c_i]) * (decode(absmax[b]) * tensor_scale), then cast
+    to dtype with round-to-nearest-even (np.float32, np.float16, or 'bfloat16' for
+    uint16 bfloat16 bits)."""
+    cb = create_normal_float_codebook(k) if codebook is None else \
+        np.asarray(codebook, dtype=np.float32).reshape(-1)
+    nb = (n + BLOCK - 1) // BLOCK
+    codes = unpack_bitplanes(np.asarray(packed)[:nb * k], k)
+    am = np.asarray(absmax)[:nb]
+    if absmax_format == "e4m4":
+        dec = _E4M4_TABLE[am.astype(np.uint8)]
+    else:
+        dec = am.astype(np.float32)
+    d = (dec * np.float32(tensor_scale)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = (cb[codes] * d[:, None]).astype(np.float32).reshape(-1)[:n]
+    return cast_from_float32(out, dtype)
+
+
+def float32_to_bf16_bits(x) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), round to nearest even, NaN kept NaN."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+def bf16_bits_to_float32(b) -> np.ndarray:
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def cast_from_float32(out: np.ndarray, dtype) -> np.ndarray:
+    if dtype in ("bfloat16", "bf16"):
+        return float32_to_bf16_bits(out)
+    with np.errstate(over="ignore"):
+        return out.astype(dtype)
+
+
+def sqnr_db(x, x_hat) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    e = x - np.asarray(x_hat, dtype=np.float64)
+    return float(10 * np.log10((x * x).sum() / (e * e).sum()))

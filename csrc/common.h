@@ -1,0 +1,151 @@
+// Shared by every kbit family, host and device: errors, argument checks, the
+// exported-entry guard, and the float conversions that must give the same bits on
+// the CPU and the GPU.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "kbit.h"
+
+#if defined(__CUDACC__)
+#  define KBIT_HD __host__ __device__ __forceinline__
+#else
+#  define KBIT_HD inline
+#endif
+
+namespace kbit {
+
+// ---- per-thread error message -------------------------------------------------------
+
+// Records `status` with a printf-style message for kbit_last_error_message().
+kbit_status fail(kbit_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// Clears the message; every exported entry calls it first (via guarded()).
+void clear_error();
+
+// Runs an exported entry's body: nothing thrown ever crosses the C boundary.
+template <class F>
+kbit_status guarded(F &&body) noexcept {
+    try {
+        clear_error();
+        return body();
+    } catch (const std::bad_alloc &) {
+        return fail(KBIT_ERROR_INTERNAL, "out of host memory");
+    } catch (const std::exception &e) {
+        return fail(KBIT_ERROR_INTERNAL, "unexpected exception: %s", e.what());
+    } catch (...) {
+        return fail(KBIT_ERROR_INTERNAL, "unexpected exception");
+    }
+}
+
+// ---- argument checks (each returns KBIT_SUCCESS or records the failure) ------------
+
+inline kbit_status check_n(int64_t n) {
+    return n < 0 ? fail(KBIT_ERROR_INVALID_ARGUMENT, "n must be >= 0, got %lld",
+                        static_cast<long long>(n))
+                 : KBIT_SUCCESS;
+}
+
+inline kbit_status check_ptr(const void *p, const char *name, size_t align) {
+    if (p == nullptr) return fail(KBIT_ERROR_NULL_POINTER, "%s is NULL", name);
+    if (reinterpret_cast<uintptr_t>(p) % align != 0)
+        return fail(KBIT_ERROR_MISALIGNED, "%s is not aligned to %zu bytes", name, align);
+    return KBIT_SUCCESS;
+}
+
+inline size_t dtype_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
+
+inline bool valid_dtype(int t) { return t >= KBIT_DTYPE_FP32 && t <= KBIT_DTYPE_BF16; }
+
+// Stops at the first failing check: KBIT_TRY(check_ptr(...));
+#define KBIT_TRY(expr)                                  \
+    do {                                                \
+        kbit_status kbit_try_status_ = (expr);          \
+        if (kbit_try_status_ != KBIT_SUCCESS) return kbit_try_status_; \
+    } while (0)
+
+// ---- float conversions, bit-exact on host and device --------------------------------
+
+KBIT_HD uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+KBIT_HD float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// float32 -> IEEE half bits, round to nearest even; NaN -> 0x7E00.
+KBIT_HD uint16_t f32_to_f16_bits(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return 0x7E00u | sign;       // NaN
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;       // rounds to >= 65520: inf
+    if (ax >= 0x38800000u) {                            // normal half
+        uint32_t mant = ax + 0xC8000FFFu + ((ax >> 13) & 1u);  // rebias + round
+        return static_cast<uint16_t>(sign | (mant >> 13));
+    }
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < half of 2^-24
+    // subnormal half: value = m * 2^-24
+    uint32_t e = ax >> 23;
+    uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126u - e;  // 14..24 + ...
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+}
+
+KBIT_HD float f16_bits_to_f32(uint16_t h) {
+    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu;
+    uint32_t m = h & 0x3FFu;
+    if (e == 0x1F) return f32_from_bits(sign | 0x7F800000u | (m << 13));
+    if (e != 0) return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+    float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -v : v;
+}
+
+// float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FC0 (sign kept).
+KBIT_HD uint16_t f32_to_bf16_bits(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return static_cast<uint16_t>(x >> 16);
+}
+
+KBIT_HD float bf16_bits_to_f32(uint16_t b) {
+    return f32_from_bits(static_cast<uint32_t>(b) << 16);
+}
+
+// Element access by dtype tag, for code templated on the storage type.
+struct F32 { using storage = float; static constexpr kbit_dtype dtype = KBIT_DTYPE_FP32; };
+struct F16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT_DTYPE_FP16; };
+struct BF16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT_DTYPE_BF16; };
+
+KBIT_HD float load_f32(F32, float v) { return v; }
+KBIT_HD float load_f32(F16, uint16_t v) { return f16_bits_to_f32(v); }
+KBIT_HD float load_f32(BF16, uint16_t v) { return bf16_bits_to_f32(v); }
+KBIT_HD float store_cast(F32, float v) { return v; }
+KBIT_HD uint16_t store_cast(F16, float v) { return f32_to_f16_bits(v); }
+KBIT_HD uint16_t store_cast(BF16, float v) { return f32_to_bf16_bits(v); }
+
+}  // namespace kbit
+
+// (type tag, C name) for every element type: one list feeds every family's
+// instances and runtime switches.
+#define KBIT_FOR_EACH_TYPE(X) \
+    X(kbit::F16, fp16)        \
+    X(kbit::BF16, bf16)       \
+    X(kbit::F32, fp32)

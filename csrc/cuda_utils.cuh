@@ -1,0 +1,40 @@
+// CUDA helpers shared by the kernel families: error mapping and launch geometry.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+
+namespace kbit {
+
+// Maps a CUDA error to a status, keeping the CUDA text for kbit_last_error_message()
+// and clearing the (non-sticky) error state so that it is not reported twice.
+inline kbit_status cuda_status(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return KBIT_SUCCESS;
+    cudaGetLastError();
+    kbit_status s = (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+                     err == cudaErrorInitializationError)
+                        ? KBIT_ERROR_NO_DEVICE
+                        : KBIT_ERROR_CUDA;
+    return fail(s, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+// Number of resident blocks of `threads` threads to launch for a grid-stride kernel:
+// enough to fill every SM `per_sm` times, never more than the work needs.
+// Cached per device: cudaGetDevice/cudaDeviceGetAttribute are cheap but not free.
+cudaError_t sm_count(int *count);
+
+inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
+    int sms = 0;
+    cudaError_t err = sm_count(&sms);
+    if (err != cudaSuccess) return err;
+    int64_t cap = static_cast<int64_t>(sms) * per_sm;
+    int64_t g = work_items < cap ? work_items : cap;
+    *grid = static_cast<int>(g < 1 ? 1 : g);
+    return cudaSuccess;
+}
+
+// After a launch: the launch's own error, if any.
+inline cudaError_t launch_error() { return cudaGetLastError(); }
+
+}  // namespace kbit

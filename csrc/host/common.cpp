@@ -1,0 +1,56 @@
+// Errors, status names and library information: the parts of the ABI that need no GPU.
+#include "../common.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+namespace kbit {
+
+namespace {
+thread_local std::string g_last_error;
+}
+
+kbit_status fail(kbit_status status, const char *fmt, ...) {
+    char buf[512];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, args);
+    va_end(args);
+    try {
+        g_last_error = buf;
+    } catch (...) {
+        // Keep the status even if the message cannot be stored.
+    }
+    return status;
+}
+
+void clear_error() { g_last_error.clear(); }
+
+}  // namespace kbit
+
+extern "C" {
+
+KBIT_API int kbit_version(void) { return KBIT_VERSION_CODE; }
+
+KBIT_API const char *kbit_status_string(kbit_status status) {
+    switch (status) {
+        case KBIT_SUCCESS: return "KBIT_SUCCESS";
+        case KBIT_ERROR_INVALID_ARGUMENT: return "KBIT_ERROR_INVALID_ARGUMENT";
+        case KBIT_ERROR_NULL_POINTER: return "KBIT_ERROR_NULL_POINTER";
+        case KBIT_ERROR_MISALIGNED: return "KBIT_ERROR_MISALIGNED";
+        case KBIT_ERROR_RANGE: return "KBIT_ERROR_RANGE";
+        case KBIT_ERROR_NOT_SUPPORTED: return "KBIT_ERROR_NOT_SUPPORTED";
+        case KBIT_ERROR_NO_DEVICE: return "KBIT_ERROR_NO_DEVICE";
+        case KBIT_ERROR_CUDA: return "KBIT_ERROR_CUDA";
+        case KBIT_ERROR_INVALID_DATA: return "KBIT_ERROR_INVALID_DATA";
+        case KBIT_ERROR_INTERNAL: return "KBIT_ERROR_INTERNAL";
+    }
+    return "unknown status";
+}
+
+KBIT_API const char *kbit_last_error_message(void) {
+    return kbit::g_last_error.c_str();
+}
+
+}  // extern "C"

@@ -1,0 +1,244 @@
+// CPU implementation of the kbit format: the same packed words and scales as the GPU
+// kernels in csrc/kbit.cu, block by block, using the shared arithmetic of kbit_format.h.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../kbit_api.h"
+#include "../kbit_format.h"
+
+namespace kbit {
+namespace {
+
+// Sorted distinct entries (by value, then index), midpoints, ties and bin starts.
+SearchTable build_search_table(const float *cb, int m) {
+    SearchTable tab{};
+    int order[kBlock];
+    for (int i = 0; i < m; ++i) order[i] = i;
+    std::stable_sort(order, order + m, [&](int a, int b) { return cb[a] < cb[b]; });
+    int u = 0;
+    for (int i = 0; i < m; ++i) {
+        float v = cb[order[i]];
+        if (u > 0 && tab.value[u - 1] == v) continue;  // duplicate: keep the lowest index
+        tab.value[u] = v;
+        tab.code[u] = static_cast<uint8_t>(order[i]);
+        ++u;
+    }
+    tab.unique = u;
+    for (int j = 0; j < u; ++j) {
+        bool last = j == u - 1;
+        tab.mid[j] = last ? INFINITY : midpoint(tab.value[j], tab.value[j + 1]);
+        bool low = last || tab.code[j] < tab.code[j + 1];
+        tab.tie_code[j] = low ? tab.code[j] : tab.code[j + 1];
+        tab.tie_value[j] = low ? tab.value[j] : tab.value[j + 1];
+    }
+    for (int b = 0; b < kBins; ++b) tab.start[b] = bin_start(tab.mid, u, b);
+    return tab;
+}
+
+const float *resolve_codebook(const float *codebook, int k) {
+    return codebook ? codebook : kNormalFloat[k];
+}
+
+// One block: writes the K packed words and the stored scale; returns true when the
+// block does not fit the format (stored at the format's maximum).
+template <int K>
+bool quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
+                    float ts, void *absmax, int64_t b, uint32_t *words) {
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < valid; ++i) amax_bits = std::max(amax_bits, abs_bits(x[i]));
+    const bool finite = bits_finite(amax_bits);
+    const float a_s = div_rn(f32_from_bits(amax_bits), ts);
+    bool over = false;
+    float dec = 0.0f;
+
+    if (fmt == KBIT_ABSMAX_FP32) {
+        dec = finite ? a_s : NAN;
+        static_cast<float *>(absmax)[b] = dec;
+    } else if (fmt == KBIT_ABSMAX_FP16) {
+        over = finite && a_s > kF16Max;
+        uint16_t h = !finite ? 0x7E00 : (over ? 0x7BFF : f16_ceil_bits(a_s));
+        static_cast<uint16_t *>(absmax)[b] = h;
+        dec = f16_bits_to_f32(h);
+    } else {
+        int c0 = finite ? e4m4_ceil(a_s) : 256;
+        over = c0 > 255;
+        int best = over ? 255 : c0;
+        if (!over && c0 > 0) {
+            double best_score = INFINITY;
+            for (int ci = 0; ci < kNumCandidates; ++ci) {
+                int c = c0 + candidate_offset(ci);
+                if (c < 1 || c > 255) continue;
+                float dc = e4m4_decode(c);
+                float inv = inverse_scale(mul_rn(dc, ts));
+                uint64_t units = 0;
+                for (int i = 0; i < valid; ++i) {
+                    float v = scaled(x[i], inv);
+                    units += error_units(v, search_nearest(tab, v).value);
+                }
+                double score = static_cast<double>(units) * dc * dc;
+                if (score < best_score) {
+                    best_score = score;
+                    best = c;
+                }
+            }
+        }
+        static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
+        dec = e4m4_decode(best);
+    }
+
+    const float inv = finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f;
+    for (int j = 0; j < K; ++j) words[j] = 0;
+    for (int i = 0; i < valid && finite; ++i) {
+        uint32_t code = static_cast<uint32_t>(search_nearest(tab, scaled(x[i], inv)).code);
+        for (int j = 0; j < K; ++j) words[j] |= ((code >> j) & 1u) << i;
+    }
+    return over || (!finite && fmt == KBIT_ABSMAX_E4M4);
+}
+
+template <class T, int K>
+kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
+                          kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed) {
+    KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
+                            packed));
+    if (n == 0) return KBIT_SUCCESS;
+    const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
+    const auto *in = static_cast<const typename T::storage *>(input);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    int64_t over = 0;
+    float x[kBlock];
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
+        for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
+        over += quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
+    }
+    if (over)
+        return fail(KBIT_ERROR_RANGE,
+                    "%lld block(s) exceed the absmax format's range at tensor_scale=%g "
+                    "(stored clipped); use kbit_compute_tensor_scale_host",
+                    static_cast<long long>(over), static_cast<double>(ts));
+    return KBIT_SUCCESS;
+}
+
+template <class T, int K>
+kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt,
+                            float ts, const float *codebook, int64_t n, void *output) {
+    KBIT_TRY(check_dequantize(packed, absmax, fmt, ts, codebook, n, output,
+                              sizeof(typename T::storage)));
+    const float *cb = resolve_codebook(codebook, K);
+    auto *out = static_cast<typename T::storage *>(output);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
+        const uint32_t *w = packed + b * K;
+        const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
+        for (int i = 0; i < valid; ++i) {
+            uint32_t code = 0;
+            for (int j = 0; j < K; ++j) code |= ((w[j] >> i) & 1u) << j;
+            out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[code], d));
+        }
+    }
+    return KBIT_SUCCESS;
+}
+
+}  // namespace
+}  // namespace kbit
+
+extern "C" {
+
+#define KBIT_HOST_ENTRIES(TAG, NAME, K)                                                      \
+    KBIT_API kbit_status cquantize_kbit_##NAME##_k##K##_host(                                \
+        const void *input, int64_t n, const float *codebook, kbit_absmax_format absmax_format, \
+        float tensor_scale, void *absmax, uint32_t *packed) {                                \
+        return kbit::guarded([&] {                                                           \
+            return kbit::quantize_host<TAG, K>(input, n, codebook, absmax_format,            \
+                                               tensor_scale, absmax, packed);                \
+        });                                                                                  \
+    }                                                                                        \
+    KBIT_API kbit_status cdequantize_kbit_##NAME##_k##K##_host(                              \
+        const uint32_t *packed, const void *absmax, kbit_absmax_format absmax_format,        \
+        float tensor_scale, const float *codebook, int64_t n, void *output) {                \
+        return kbit::guarded([&] {                                                           \
+            return kbit::dequantize_host<TAG, K>(packed, absmax, absmax_format, tensor_scale, \
+                                                 codebook, n, output);                       \
+        });                                                                                  \
+    }
+KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_ENTRIES)
+#undef KBIT_HOST_ENTRIES
+
+#define KBIT_HOST_CASE(TAG, NAME, K)                                                         \
+    if (dtype == TAG::dtype && k == K) return kbit::quantize_host<TAG, K>(                   \
+        input, n, codebook, absmax_format, tensor_scale, absmax, packed);
+KBIT_API kbit_status kbit_quantize_host(const void *input, int64_t n, kbit_dtype dtype, int k,
+                                        const float *codebook, kbit_absmax_format absmax_format,
+                                        float tensor_scale, void *absmax, uint32_t *packed) {
+    return kbit::guarded([&] {
+        KBIT_TRY(kbit::check_dtype_k(dtype, k));
+        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_CASE)
+        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
+    });
+}
+#undef KBIT_HOST_CASE
+
+#define KBIT_HOST_CASE(TAG, NAME, K)                                                         \
+    if (dtype == TAG::dtype && k == K) return kbit::dequantize_host<TAG, K>(                 \
+        packed, absmax, absmax_format, tensor_scale, codebook, n, output);
+KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *absmax,
+                                          kbit_absmax_format absmax_format, float tensor_scale,
+                                          const float *codebook, int k, int64_t n,
+                                          kbit_dtype dtype, void *output) {
+    return kbit::guarded([&] {
+        KBIT_TRY(kbit::check_dtype_k(dtype, k));
+        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_CASE)
+        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
+    });
+}
+#undef KBIT_HOST_CASE
+
+KBIT_API int64_t kbit_packed_words(int64_t n, int k) {
+    if (n < 0 || k < 2 || k > 5) return -1;
+    return (n + kbit::kBlock - 1) / kbit::kBlock * k;
+}
+
+KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format) {
+    int f = static_cast<int>(absmax_format);
+    if (n < 0 || f < KBIT_ABSMAX_FP32 || f > KBIT_ABSMAX_E4M4) return -1;
+    return (n + kbit::kBlock - 1) / kbit::kBlock *
+           static_cast<int64_t>(kbit::absmax_align(absmax_format));
+}
+
+KBIT_API float kbit_e4m4_decode(uint8_t code) { return kbit::e4m4_decode(code); }
+
+KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook) {
+    return kbit::guarded([&] {
+        if (k < 2 || k > 5) return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
+        KBIT_TRY(kbit::check_ptr(codebook, "codebook", 4));
+        std::copy(kbit::kNormalFloat[k], kbit::kNormalFloat[k] + (1 << k), codebook);
+        return KBIT_SUCCESS;
+    });
+}
+
+KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n, kbit_dtype dtype,
+                                                    kbit_absmax_format absmax_format,
+                                                    float *tensor_scale) {
+    return kbit::guarded([&] {
+        KBIT_TRY(kbit::check_common(n, absmax_format, 1.0f));
+        if (!kbit::valid_dtype(dtype))
+            return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
+        KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));
+        if (n > 0) KBIT_TRY(kbit::check_ptr(input, "input", kbit::dtype_size(dtype)));
+        uint32_t amax = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            float x = dtype == KBIT_DTYPE_FP32 ? static_cast<const float *>(input)[i]
+                      : dtype == KBIT_DTYPE_FP16
+                          ? kbit::f16_bits_to_f32(static_cast<const uint16_t *>(input)[i])
+                          : kbit::bf16_bits_to_f32(static_cast<const uint16_t *>(input)[i]);
+            uint32_t a = kbit::abs_bits(x);
+            if (kbit::bits_finite(a)) amax = std::max(amax, a);
+        }
+        *tensor_scale = kbit::tensor_scale_for(kbit::f32_from_bits(amax), absmax_format);
+        return KBIT_SUCCESS;
+    });
+}
+
+}  // extern "C"

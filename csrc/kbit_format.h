@@ -1,0 +1,176 @@
+// The kbit format's arithmetic, shared by the GPU kernels (csrc/kbit.cu) and the CPU
+// implementation (csrc/host/kbit_host.cpp). Every function here gives the same bits on
+// both sides: float operations are written with explicit rounding (no contraction into
+// FMA), so the CPU and the GPU produce identical packed codes and scales.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common.h"
+#include "kbit_codebooks.h"
+
+namespace kbit {
+
+constexpr int kBlock = 32;
+constexpr float kE4M4Max = 31.0f;
+constexpr float kF16Max = 65504.0f;
+// E4M4 scale search: offsets from c0 (the smallest code >= absmax) in preference order;
+// the first candidate with the least error wins.
+constexpr int kNumCandidates = 4;
+KBIT_HD int candidate_offset(int i) { return i == 0 ? 0 : (i == 3 ? 1 : -i); }
+// Squared residuals are summed as integers in units of 2^-24 * d^2, each capped at
+// 2^26: exact and order-independent, so the warp sum equals the CPU sum.
+constexpr float kErrScale = 4096.0f;
+constexpr float kErrCap = 67108864.0f;  // 2^26
+// Search table bins: v in [-2, 2) in steps of 1/128, clamped at both ends.
+constexpr int kBins = 512;
+
+// ---- rounding-exact float operations ----------------------------------------------
+
+KBIT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+KBIT_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+KBIT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+KBIT_HD uint32_t float_to_uint_rn(float a) {  // a in [0, 2^26]
+#if defined(__CUDA_ARCH__)
+    return __float2uint_rn(a);
+#else
+    return static_cast<uint32_t>(std::nearbyint(a));
+#endif
+}
+
+// |x| as ordered bits: NaN > +inf > finite, so a max over bits finds non-finite too.
+KBIT_HD uint32_t abs_bits(float x) { return f32_bits(x) & 0x7FFFFFFFu; }
+KBIT_HD bool bits_finite(uint32_t abits) { return abits < 0x7F800000u; }
+
+// ---- absmax formats ----------------------------------------------------------------
+
+// Exact E4M4 decode, built from the float32 bits: e > 0: 2^(e-11) * (1 + m/16);
+// e = 0: m * 2^-14.
+KBIT_HD float e4m4_decode(uint32_t code) {
+    uint32_t e = code >> 4, m = code & 15u;
+    float normal = f32_from_bits(((e + 116u) << 23) | (m << 19));
+    float sub = static_cast<float>(m) * 6.103515625e-05f;
+    return e ? normal : sub;
+}
+
+// Smallest E4M4 code whose value is >= a (a finite, >= 0); 256 if a > 31.
+KBIT_HD int e4m4_ceil(float a) {
+    if (!(a > 0.0f)) return 0;
+    if (a > kE4M4Max) return 256;
+    if (a <= 9.765625e-04f) {  // a <= 2^-10: subnormal range, steps of 2^-14
+        float q = a * 16384.0f;  // exact
+        int c = static_cast<int>(q);
+        return static_cast<float>(c) < q ? c + 1 : c;  // ceil; 16 = code of 2^-10
+    }
+    uint32_t bits = f32_bits(a);
+    int e = static_cast<int>(bits >> 23) - 127 + 11;
+    int m = static_cast<int>((bits >> 19) & 15u);
+    if (bits & 0x7FFFFu) ++m;
+    if (m == 16) { m = 0; ++e; }
+    return (e << 4) | m;
+}
+
+// Smallest fp16 (as bits) >= a (a finite, 0 <= a <= 65504).
+KBIT_HD uint16_t f16_ceil_bits(float a) {
+    uint16_t h = f32_to_f16_bits(a);
+    return f16_bits_to_f32(h) < a ? static_cast<uint16_t>(h + 1) : h;
+}
+
+KBIT_HD float decode_absmax(kbit_absmax_format fmt, const void *absmax, int64_t b) {
+    if (fmt == KBIT_ABSMAX_E4M4) return e4m4_decode(static_cast<const uint8_t *>(absmax)[b]);
+    if (fmt == KBIT_ABSMAX_FP16) return f16_bits_to_f32(static_cast<const uint16_t *>(absmax)[b]);
+    return static_cast<const float *>(absmax)[b];
+}
+
+// The tensor_scale under which max_abs fits the format (1 when it already does).
+inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
+    float limit = fmt == KBIT_ABSMAX_E4M4 ? kE4M4Max : (fmt == KBIT_ABSMAX_FP16 ? kF16Max : INFINITY);
+    if (!(max_abs > limit)) return 1.0f;
+    float ts = max_abs / limit;
+    while (max_abs / ts > limit) ts = std::nextafter(ts, INFINITY);
+    return ts;
+}
+
+// ---- nearest codebook entry ----------------------------------------------------------
+
+// Sorted distinct codebook entries with the midpoints between them. p = number of
+// midpoints below v selects the entry; on an exact midpoint the lower original index
+// wins. `start[bin]` is a lower bound of p for every v in the bin, so the search is a
+// table read plus (almost always) at most one step.
+struct SearchTable {
+    float mid[kBlock];      // mid[j] = (s[j] + s[j+1]) / 2; mid[u-1] = +inf
+    float value[kBlock];    // s[j]
+    float tie_value[kBlock];
+    uint8_t code[kBlock];   // lowest original index holding s[j]
+    uint8_t tie_code[kBlock];
+    uint8_t start[kBins];
+    int unique;
+};
+
+KBIT_HD int search_bin(float v) {
+    float y = (v + 2.0f) * 128.0f;
+    if (!(y > 0.0f)) return 0;
+    if (y >= static_cast<float>(kBins - 1)) return kBins - 1;
+    return static_cast<int>(y);
+}
+
+struct Nearest {
+    int code;
+    float value;
+};
+
+// Works on any table layout with the SearchTable field names (global, shared, host).
+template <class Table>
+KBIT_HD Nearest search_nearest(const Table &tab, float v) {
+    int p = tab.start[search_bin(v)];
+    while (tab.mid[p] < v) ++p;
+    if (v == tab.mid[p]) return {tab.tie_code[p], tab.tie_value[p]};
+    return {tab.code[p], tab.value[p]};
+}
+
+// Fills the midpoints, ties and bin starts once `value`, `code` and `unique` are set.
+// Used sequentially on the host; the GPU fills the same fields in parallel.
+KBIT_HD float midpoint(float a, float b) { return mul_rn(a + b, 0.5f); }
+
+KBIT_HD uint8_t bin_start(const float *mid, int unique, int bin) {
+    int count = 0;
+    for (int j = 0; j < unique - 1; ++j) count += search_bin(mid[j]) < bin;
+    return static_cast<uint8_t>(count);
+}
+
+// Squared residual of v against a codebook value, in integer units (see kErrScale).
+KBIT_HD uint32_t error_units(float v, float value) {
+    float t = mul_rn(sub_rn(v, value), kErrScale);
+    float t2 = mul_rn(t, t);
+    return float_to_uint_rn(t2 < kErrCap ? t2 : kErrCap);
+}
+
+// v = x / d as the quantizer computes it (x * (1/d)); a NaN (0 * inf) becomes 0.
+KBIT_HD float scaled(float x, float inv) {
+    float v = mul_rn(x, inv);
+    return v == v ? v : 0.0f;
+}
+
+// Reciprocal of a block scale; 0 for a zero block (every element then maps to v = 0).
+KBIT_HD float inverse_scale(float d) { return d > 0.0f ? div_rn(1.0f, d) : 0.0f; }
+
+}  // namespace kbit

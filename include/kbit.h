@@ -1,0 +1,264 @@
+/*
+ * kbit: k-bit blockwise quantization of LLM weights, on the GPU and the CPU.
+ *
+ * Plain C ABI (C99 and C++), no CUDA header needed. Formats and symbol names follow
+ * SPEC.md; status values are pinned forever and never renumbered.
+ *
+ * Conventions for every function below:
+ *  - Pointers are to device memory unless the function name ends in `_host`.
+ *  - Launch functions (no `_host` suffix) are asynchronous on `stream`, allocate
+ *    nothing, never synchronise the device, are thread-safe and may be captured in a
+ *    CUDA graph. NULL is the default stream.
+ *  - n = 0 is a valid no-op. A null pointer with n > 0, n < 0, a bad k or enum value,
+ *    or a pointer not aligned to its element size (packed words: 4 bytes) is
+ *    rejected with a status before anything is written.
+ *  - On failure kbit_last_error_message() tells why (per thread, with the CUDA text
+ *    where there is one).
+ */
+#ifndef KBIT_H_
+#define KBIT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  define KBIT_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#  define KBIT_API __attribute__((visibility("default")))
+#else
+#  define KBIT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KBIT_VERSION_MAJOR 0
+#define KBIT_VERSION_MINOR 1
+#define KBIT_VERSION_PATCH 0
+#define KBIT_VERSION_CODE \
+    (KBIT_VERSION_MAJOR * 10000 + KBIT_VERSION_MINOR * 100 + KBIT_VERSION_PATCH)
+
+/* Elements per kbit block. */
+#define KBIT_BLOCK_SIZE 32
+
+/* Same type as cudaStream_t; NULL is the default stream. */
+typedef struct CUstream_st *kbit_stream_t;
+
+/* Status codes: pinned, never renumbered. */
+typedef enum kbit_status {
+    KBIT_SUCCESS = 0,
+    KBIT_ERROR_INVALID_ARGUMENT = 1, /* n < 0, k or enum out of range, bad size */
+    KBIT_ERROR_NULL_POINTER = 2,     /* a required pointer is NULL while n > 0 */
+    KBIT_ERROR_MISALIGNED = 3,       /* pointer not aligned to its element size */
+    KBIT_ERROR_RANGE = 4,            /* a block scale does not fit the absmax format */
+    KBIT_ERROR_NOT_SUPPORTED = 5,    /* library built without CUDA: no GPU path */
+    KBIT_ERROR_NO_DEVICE = 6,        /* no usable CUDA device or driver */
+    KBIT_ERROR_CUDA = 7,             /* a CUDA runtime error (see last error message) */
+    KBIT_ERROR_INVALID_DATA = 8,     /* malformed quantized data or file */
+    KBIT_ERROR_INTERNAL = 9          /* a bug in kbit: please report it */
+} kbit_status;
+
+typedef enum kbit_dtype {
+    KBIT_DTYPE_FP32 = 0,
+    KBIT_DTYPE_FP16 = 1,
+    KBIT_DTYPE_BF16 = 2
+} kbit_dtype;
+
+typedef enum kbit_absmax_format {
+    KBIT_ABSMAX_FP32 = 0, /* float32, 4 bytes per block */
+    KBIT_ABSMAX_FP16 = 1, /* IEEE half, 2 bytes per block */
+    KBIT_ABSMAX_E4M4 = 2  /* 1-byte micro-float, bias 11, max 31.0 (the default) */
+} kbit_absmax_format;
+
+/* ---------------------------------------------------------------------------------
+ * Library information and errors
+ * ------------------------------------------------------------------------------- */
+
+/*! @return MAJOR*10000 + MINOR*100 + PATCH of the loaded library. */
+KBIT_API int kbit_version(void);
+
+/*! @return a static, human-readable name for `status` ("unknown status" if none). */
+KBIT_API const char *kbit_status_string(kbit_status status);
+
+/*! @return the message of the last failure on the calling thread ("" if none).
+ *  The pointer stays valid until the next kbit call on this thread. */
+KBIT_API const char *kbit_last_error_message(void);
+
+/*! @return 1 if the library was built with CUDA and a device is usable, else 0. */
+KBIT_API int kbit_cuda_available(void);
+
+/* ---------------------------------------------------------------------------------
+ * kbit format: sizes and scales
+ * ------------------------------------------------------------------------------- */
+
+/*! @return number of uint32 words of packed codes for n elements at k bits
+ *  (ceil(n/32) * k), or -1 if n < 0 or k is not in 2..5. */
+KBIT_API int64_t kbit_packed_words(int64_t n, int k);
+
+/*! @return bytes of absmax storage for n elements (ceil(n/32) * 4, 2 or 1),
+ *  or -1 if n < 0 or the format is unknown. */
+KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format);
+
+/*! Decodes one E4M4 byte exactly. @return the value (0.0 to 31.0). */
+KBIT_API float kbit_e4m4_decode(uint8_t code);
+
+/*! Computes a tensor_scale under which every block of `input` (host memory) fits
+ *  `absmax_format`: 1.0 when the tensor's absolute maximum already fits, else a
+ *  scale slightly above max|x| / format_max. Non-finite values are ignored.
+ *  @return KBIT_SUCCESS and *tensor_scale, or an error status. */
+KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n,
+                                                    kbit_dtype dtype,
+                                                    kbit_absmax_format absmax_format,
+                                                    float *tensor_scale);
+
+/*! The same for device memory `input`. Not a launch function: it allocates 4 bytes
+ *  stream-ordered, and synchronises `stream` to return *tensor_scale (host memory). */
+KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n,
+                                               kbit_dtype dtype,
+                                               kbit_absmax_format absmax_format,
+                                               float *tensor_scale, kbit_stream_t stream);
+
+/*! The GPU quantizers cannot return KBIT_ERROR_RANGE without synchronising, so a
+ *  block whose absmax / tensor_scale exceeds the format (or, for E4M4, is not
+ *  finite) is stored at the format's largest value and raises a device-wide flag.
+ *  This reads the flag (synchronising the current device) into *raised (0 or 1)
+ *  and clears it if `clear` is non-zero. */
+KBIT_API kbit_status kbit_get_range_flag(int *raised, int clear);
+
+/* ---------------------------------------------------------------------------------
+ * kbit quantize / dequantize (SPEC section 1 and 4)
+ *
+ * input / output: n elements of the type in the name; codebook: 2^K float32 values
+ * (NULL: the built-in normal-float codebook), in device memory for the GPU functions;
+ * absmax: kbit_absmax_bytes(n, format) bytes; packed: kbit_packed_words(n, K) words.
+ * tensor_scale multiplies every decoded block scale (pass 1.0f when not needed; it
+ * must be finite and > 0).
+ * Host versions return KBIT_ERROR_RANGE (having written every block) when a block's
+ * absmax / tensor_scale exceeds the format; the GPU versions raise the range flag.
+ * ------------------------------------------------------------------------------- */
+
+#define KBIT_DECLARE_KBIT_FUNCS(T, K)                                                  \
+    KBIT_API kbit_status cquantize_kbit_##T##_k##K(                                    \
+        const void *input, int64_t n, const float *codebook,                           \
+        kbit_absmax_format absmax_format, float tensor_scale, void *absmax,            \
+        uint32_t *packed, kbit_stream_t stream);                                       \
+    KBIT_API kbit_status cdequantize_kbit_##T##_k##K(                                  \
+        const uint32_t *packed, const void *absmax, kbit_absmax_format absmax_format,  \
+        float tensor_scale, const float *codebook, int64_t n, void *output,            \
+        kbit_stream_t stream);                                                         \
+    KBIT_API kbit_status cquantize_kbit_##T##_k##K##_host(                             \
+        const void *input, int64_t n, const float *codebook,                           \
+        kbit_absmax_format absmax_format, float tensor_scale, void *absmax,            \
+        uint32_t *packed);                                                             \
+    KBIT_API kbit_status cdequantize_kbit_##T##_k##K##_host(                           \
+        const uint32_t *packed, const void *absmax, kbit_absmax_format absmax_format,  \
+        float tensor_scale, const float *codebook, int64_t n, void *output);
+
+#define KBIT_DECLARE_KBIT_TYPE(T)                                                      \
+    KBIT_DECLARE_KBIT_FUNCS(T, 2)                                                      \
+    KBIT_DECLARE_KBIT_FUNCS(T, 3)                                                      \
+    KBIT_DECLARE_KBIT_FUNCS(T, 4)                                                      \
+    KBIT_DECLARE_KBIT_FUNCS(T, 5)
+
+KBIT_DECLARE_KBIT_TYPE(fp16)
+KBIT_DECLARE_KBIT_TYPE(bf16)
+KBIT_DECLARE_KBIT_TYPE(fp32)
+
+#undef KBIT_DECLARE_KBIT_TYPE
+#undef KBIT_DECLARE_KBIT_FUNCS
+
+/*! Generic quantize: dispatches on dtype and k (2..5) to cquantize_kbit_<T>_k<K>. */
+KBIT_API kbit_status kbit_quantize(const void *input, int64_t n, kbit_dtype dtype, int k,
+                                   const float *codebook, kbit_absmax_format absmax_format,
+                                   float tensor_scale, void *absmax, uint32_t *packed,
+                                   kbit_stream_t stream);
+KBIT_API kbit_status kbit_quantize_host(const void *input, int64_t n, kbit_dtype dtype,
+                                        int k, const float *codebook,
+                                        kbit_absmax_format absmax_format,
+                                        float tensor_scale, void *absmax,
+                                        uint32_t *packed);
+
+/*! Generic dequantize: dispatches on dtype (of output) and k to cdequantize_kbit_*. */
+KBIT_API kbit_status kbit_dequantize(const uint32_t *packed, const void *absmax,
+                                     kbit_absmax_format absmax_format, float tensor_scale,
+                                     const float *codebook, int k, int64_t n,
+                                     kbit_dtype dtype, void *output, kbit_stream_t stream);
+KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *absmax,
+                                          kbit_absmax_format absmax_format,
+                                          float tensor_scale, const float *codebook,
+                                          int k, int64_t n, kbit_dtype dtype,
+                                          void *output);
+
+/*! Writes the built-in normal-float codebook for k (2^k floats) to host memory. */
+KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook);
+
+/* @@NF4-BEGIN@@ (NF4 / FP4 declarations: owned by csrc/nf4.cu) */
+/* @@NF4-END@@ */
+
+/* @@GGUF-BEGIN@@ (GGUF declarations: owned by csrc/gguf.cu) */
+/* ---------------------------------------------------------------------------------
+ * GGUF (ggml) blocks (SPEC section 3): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K exactly as ggml
+ * stores them (QK_K = 256), dequantized in ggml's element order.
+ *
+ * blocks: n / block_elems consecutive blocks of block_bytes each, as found in a GGUF
+ * file (little-endian); the pointer needs only 2-byte alignment. n must be a multiple
+ * of the type's block_elems (32 for Q4_0/Q8_0, 256 for the k-quants), else
+ * KBIT_ERROR_INVALID_ARGUMENT. output: n elements of the type in the name (aligned to
+ * its size; 16-byte alignment is fastest). Values are computed in float32 as ggml does
+ * (products rounded before the min is subtracted), then rounded to nearest even.
+ * ------------------------------------------------------------------------------- */
+
+/* ggml's numeric tensor type ids (the values GGUF files store). */
+#define KBIT_GGML_TYPE_Q4_0 2
+#define KBIT_GGML_TYPE_Q8_0 8
+#define KBIT_GGML_TYPE_Q4_K 12
+#define KBIT_GGML_TYPE_Q5_K 13
+#define KBIT_GGML_TYPE_Q6_K 14
+
+/*! Block geometry of a supported ggml type: elements and bytes per block (either
+ *  output pointer may be NULL). @return KBIT_SUCCESS, or KBIT_ERROR_INVALID_ARGUMENT
+ *  for a type kbit does not dequantize (outputs untouched). */
+KBIT_API kbit_status kbit_gguf_block_info(int ggml_type, int64_t *block_elems,
+                                          int64_t *block_bytes);
+
+#define KBIT_DECLARE_GGUF_FUNCS(Q, T)                                                  \
+    KBIT_API kbit_status cdequantize_##Q##_##T(const void *blocks, int64_t n,          \
+                                               void *output, kbit_stream_t stream);    \
+    KBIT_API kbit_status cdequantize_##Q##_##T##_host(const void *blocks, int64_t n,   \
+                                                      void *output);
+
+#define KBIT_DECLARE_GGUF_TYPE(Q)                                                      \
+    KBIT_DECLARE_GGUF_FUNCS(Q, fp16)                                                   \
+    KBIT_DECLARE_GGUF_FUNCS(Q, bf16)                                                   \
+    KBIT_DECLARE_GGUF_FUNCS(Q, fp32)
+
+/*! cdequantize_<q4_0|q8_0|q4_K|q5_K|q6_K>_<fp16|bf16|fp32>[_host]: dequantizes n
+ *  elements of `blocks` into `output`. @return KBIT_SUCCESS; KBIT_ERROR_INVALID_ARGUMENT
+ *  (n < 0 or not a multiple of the block), KBIT_ERROR_NULL_POINTER,
+ *  KBIT_ERROR_MISALIGNED, or a CUDA status; nothing is written on failure. */
+KBIT_DECLARE_GGUF_TYPE(q4_0)
+KBIT_DECLARE_GGUF_TYPE(q8_0)
+KBIT_DECLARE_GGUF_TYPE(q4_K)
+KBIT_DECLARE_GGUF_TYPE(q5_K)
+KBIT_DECLARE_GGUF_TYPE(q6_K)
+
+#undef KBIT_DECLARE_GGUF_TYPE
+#undef KBIT_DECLARE_GGUF_FUNCS
+
+/*! Generic GGUF dequantize: dispatches on ggml_type (KBIT_GGML_TYPE_*) and dtype (of
+ *  output) to cdequantize_<type>_<T>. @return as those, plus
+ *  KBIT_ERROR_INVALID_ARGUMENT for an unsupported ggml_type or dtype. */
+KBIT_API kbit_status kbit_gguf_dequantize(int ggml_type, const void *blocks, int64_t n,
+                                          kbit_dtype dtype, void *output,
+                                          kbit_stream_t stream);
+KBIT_API kbit_status kbit_gguf_dequantize_host(int ggml_type, const void *blocks,
+                                               int64_t n, kbit_dtype dtype,
+                                               void *output);
+/* @@GGUF-END@@ */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KBIT_H_ */
