@@ -1,0 +1,13 @@
+"""kbit: k-bit blockwise quantization of LLM weights (GPU and CPU), over ctypes.
+
+Host arrays are numpy arrays; device arrays of any framework are taken through DLPack
+or __cuda_array_interface__ without copies. kbit.reference is the pure numpy ground
+truth for every format.
+"""
+from ._lib import KbitError, cuda_available, version
+from .core import QuantizedTensor, default_codebook, dequantize, quantize
+# @@FAMILY-IMPORTS@@ (one line per format family)
+
+__all__ = ["KbitError", "QuantizedTensor", "cuda_available", "default_codebook",
+           "dequantize", "quantize", "version"]
+__version__ = "0.1.0"

@@ -222,3 +222,21 @@ def check_device_output(arr: DeviceArray, size: int, dtype: str, what: str):
         raise KbitError(f"{what} must have dtype {dtype}, got {arr.dtype}")
     if arr.size != size:
         raise KbitError(f"{what} must have {size} elements, got {arr.size}")
+
+
+def to_device(host: np.ndarray, like: DeviceArray):
+    """Copies a small host array to like's device with an available framework."""
+    mod = type(like.owner).__module__.split(".")[0]
+    order = [mod] if mod in ("torch", "cupy") else []
+    order += [m for m in ("torch", "cupy") if m not in order]
+    for m in order:
+        try:
+            if m == "torch":
+                import torch
+                return torch.from_numpy(np.ascontiguousarray(host)).to(f"cuda:{like.device_id}")
+            import cupy
+            with cupy.cuda.Device(like.device_id):
+                return cupy.asarray(host)
+        except ImportError:
+            continue
+    raise KbitError("copying to the device needs PyTorch or CuPy")
