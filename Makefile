@@ -1,0 +1,57 @@
+# kbit: build, test, demo and benchmark. Everything goes through CMake in $(BUILD).
+SHELL := /bin/bash
+BUILD ?= build
+PYTHON ?= python3
+# GPU architectures (CMake list). The default covers A100 and H100; set e.g. CUDA_ARCHS=90.
+CUDA_ARCHS ?= 80-real;90
+CMAKE_FLAGS ?=
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: all build deps test test-c test-python demo bench gpu-check clean
+
+all: build
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release \
+	      "-DKBIT_CUDA_ARCHITECTURES=$(CUDA_ARCHS)" $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j
+
+# Installs the Python packages the tests and demo use, unless they are already there.
+deps:
+	@$(PYTHON) -c "import numpy, pytest, gguf" 2>/dev/null || \
+	    $(PYTHON) -m pip install -q -r requirements.txt
+
+test: build deps test-c test-python
+
+test-c: build
+	ctest --test-dir $(BUILD) --output-on-failure
+
+test-python: build deps
+	$(PYTHON) -m pytest tests -q -rs
+
+demo: build deps
+	$(PYTHON) examples/demo.py
+
+bench: build
+	@test -x $(BUILD)/bench/kbit_bench || { echo "kbit_bench needs a CUDA build"; exit 1; }
+	$(BUILD)/bench/kbit_bench --json $(BUILD)/bench.json
+
+# On a GPU machine: build for sm_90, every test with the GPU on, compute-sanitizer on a
+# small case, the benchmark. Logs go to $(OUT) (default: $(BUILD)/gpu-check).
+OUT ?= $(BUILD)/gpu-check
+gpu-check:
+	mkdir -p $(OUT)
+	$(MAKE) build BUILD=$(BUILD) CUDA_ARCHS=90 2>&1 | tail -5
+	set -o pipefail; $(MAKE) test-c BUILD=$(BUILD) 2>&1 | tee $(OUT)/ctest.log
+	set -o pipefail; $(PYTHON) -m pytest tests -q -rs 2>&1 | tee $(OUT)/pytest.log
+	set -o pipefail; compute-sanitizer --tool memcheck --error-exitcode 1 \
+	    $(BUILD)/bench/kbit_bench --check-only --small 2>&1 | tee $(OUT)/memcheck.log
+	set -o pipefail; compute-sanitizer --tool racecheck --error-exitcode 1 \
+	    $(BUILD)/bench/kbit_bench --check-only --small 2>&1 | tee $(OUT)/racecheck.log
+	set -o pipefail; $(BUILD)/bench/kbit_bench --json $(OUT)/bench.json 2>&1 | tee $(OUT)/bench.log
+
+clean:
+	rm -rf $(BUILD) bindings/python/kbit/libkbit.so
