@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "common.h"
 
 namespace kbit {
@@ -32,6 +34,21 @@ inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
     int64_t g = work_items < cap ? work_items : cap;
     *grid = static_cast<int>(g < 1 ? 1 : g);
     return cudaSuccess;
+}
+
+// Grid for a grid-stride kernel: as many blocks as are resident at once on every SM
+// (from the occupancy calculator, read once per kernel), never more than the work.
+template <auto Kernel>
+cudaError_t resident_grid(int threads, size_t smem, int64_t work_blocks, int *grid) {
+    static std::atomic<int> per_sm{0};
+    int b = per_sm.load(std::memory_order_relaxed);
+    if (b == 0) {
+        cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, threads, smem);
+        if (err != cudaSuccess) return err;
+        b = b < 1 ? 1 : b;
+        per_sm.store(b, std::memory_order_relaxed);
+    }
+    return grid_for(work_blocks, b, grid);
 }
 
 // After a launch: the launch's own error, if any.

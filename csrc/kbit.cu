@@ -1,10 +1,10 @@
 // kbit quantize / dequantize on the GPU: kernels, launchers and the exported entries.
 //
-// Quantize: one warp per 32-element block, lane i = element i. The absmax is a warp
-// max-reduction, the E4M4 scale is chosen among 4 candidate codes by the least
-// squared error (an exact integer warp sum, so the CPU makes the same choice), each
-// element gets the nearest codebook entry through a shared-memory search table, and K
-// __ballot_sync calls produce the K bit-plane words.
+// Quantize: a warp takes 8 blocks of 32 at a time, 4 lanes per block with 8 elements
+// each (16-byte loads). The absmax is a 4-lane max, the E4M4 scale is chosen among 4
+// candidate codes by the least squared error (summed in a fixed order, so the CPU makes
+// the same choice), each element gets the nearest codebook entry through a
+// shared-memory search table, and __ballot_sync calls produce the K bit-plane words.
 //
 // Dequantize: each lane turns 8 consecutive elements of a block into one 16-byte store
 // (two for fp32): it reads the block's K words, spreads the K bit planes of its byte
@@ -23,7 +23,6 @@ namespace {
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kQuantUnroll = 4;     // blocks in flight per warp (independent loads)
 constexpr int kTileBlocks = 8;      // dequantize: blocks per warp iteration (32 x 8 elems)
 constexpr int kTileElems = kTileBlocks * kBlock;
 
@@ -74,22 +73,66 @@ __device__ __forceinline__ void store8(F32, float *out, const float (&v)[8]) {
     reinterpret_cast<float4 *>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// Builds the search table of kbit_format.h in shared memory (same contents as the
-// host's build_search_table): warp 0 ranks the entries, all threads fill the bins.
-__device__ void build_search_table(SearchTable &tab, const float *cb, const CodebookParam &def,
-                                   int m) {
+// Loads 8 consecutive elements (16-byte aligned) as float, streaming (read once).
+__device__ __forceinline__ void load8(F16, const uint16_t *in, float (&x)[8]) {
+    const uint4 r = __ldcs(reinterpret_cast<const uint4 *>(in));
+    const __half2 *h = reinterpret_cast<const __half2 *>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        x[2 * i] = f.x, x[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void load8(BF16, const uint16_t *in, float (&x)[8]) {
+    const uint4 r = __ldcs(reinterpret_cast<const uint4 *>(in));
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+__device__ __forceinline__ void load8(F32, const float *in, float (&x)[8]) {
+    const float4 a = __ldcs(reinterpret_cast<const float4 *>(in));
+    const float4 b = __ldcs(reinterpret_cast<const float4 *>(in) + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+// The search table of kbit_format.h in shared memory, laid out for the GPU lookup:
+// bins[b] = the first midpoint index p0 that can follow a v in bin b and mid[p0];
+// ext_* entry p is the sorted entry p, entry 32 + p its exact-midpoint tie; `single`
+// says every bin holds at most one midpoint (any codebook whose entries are more than
+// 1/128 apart), so one comparison finishes the search; rcp_e4m4[c] = rcp_rn(decode(c)).
+struct BinEntry {
+    float mid;
+    int p0;
+};
+
+struct QuantTable {
+    BinEntry bins[kBins];
+    float mid[kBlock];
+    float ext_value[2 * kBlock];
+    uint8_t ext_code[2 * kBlock];
+    float rcp_e4m4[256];
+    int single;
+};
+
+// Builds the table from the codebook (the same search as the host's
+// build_search_table): warp 0 sorts and ranks the entries, all threads fill the bins.
+__device__ void build_quant_table(QuantTable &t, SearchTable &tab, const float *cb,
+                                  const CodebookParam &def, int m) {
     const int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
         const float v = lane < m ? codebook_entry(cb, def, lane) : 0.0f;
         bool first = lane < m;
         for (int j = 0; j < m; ++j) {
-            float o = __shfl_sync(kFull, v, j);
+            const float o = __shfl_sync(kFull, v, j);
             if (j < lane && o == v) first = false;
         }
         int rank = 0;
         for (int j = 0; j < m; ++j) {
-            float o = __shfl_sync(kFull, v, j);
-            bool fj = __shfl_sync(kFull, first, j);
+            const float o = __shfl_sync(kFull, v, j);
+            const bool fj = __shfl_sync(kFull, first, j);
             rank += (fj && o < v);
         }
         const int unique = __popc(__ballot_sync(kFull, first));
@@ -104,105 +147,177 @@ __device__ void build_search_table(SearchTable &tab, const float *cb, const Code
             const float hi = last ? lo : tab.value[lane + 1];
             const uint8_t clo = tab.code[lane];
             const uint8_t chi = last ? clo : tab.code[lane + 1];
-            tab.mid[lane] = last ? INFINITY : midpoint(lo, hi);
             const bool low = last || clo < chi;
-            tab.tie_code[lane] = low ? clo : chi;
-            tab.tie_value[lane] = low ? lo : hi;
+            tab.mid[lane] = t.mid[lane] = last ? INFINITY : midpoint(lo, hi);
+            t.ext_value[lane] = lo;
+            t.ext_code[lane] = clo;
+            t.ext_value[kBlock + lane] = low ? lo : hi;
+            t.ext_code[kBlock + lane] = low ? clo : chi;
         }
         if (lane == 0) tab.unique = unique;
     }
+    for (int c = threadIdx.x; c < 256; c += blockDim.x) t.rcp_e4m4[c] = rcp_rn(e4m4_decode(c));
     __syncthreads();
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x)
-        tab.start[b] = bin_start(tab.mid, tab.unique, b);
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+        const int p0 = bin_start(tab.mid, tab.unique, b);
+        t.bins[b] = {tab.mid[p0], p0};
+        tab.start[b] = static_cast<uint8_t>(p0);
+    }
+    __syncthreads();
+    bool single = true;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+        const int next = b + 1 < kBins ? tab.start[b + 1] : tab.unique - 1;
+        single &= next - tab.start[b] <= 1;
+    }
+    single = __syncthreads_and(single);
+    if (threadIdx.x == 0) t.single = single;
     __syncthreads();
 }
 
-// Quantizes block b (this warp; lane = element). Returns nothing: writes K words, the
-// scale, and raises the range flag for a block that does not fit.
-template <int K, kbit_absmax_format FMT>
-__device__ __forceinline__ void quantize_block(float x, bool valid, const SearchTable &tab,
-                                               float ts, void *absmax, uint32_t *packed,
-                                               int64_t b) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t amax_bits = __reduce_max_sync(kFull, valid ? abs_bits(x) : 0u);
-    const bool finite = bits_finite(amax_bits);
-    const float a_s = div_rn(f32_from_bits(amax_bits), ts);
-    bool over = false;
-    float dec;
-    int code = 0;
-    bool have_code = false;
-
-    if (FMT == KBIT_ABSMAX_FP32) {
-        dec = finite ? a_s : NAN;
-        if (lane == 0) static_cast<float *>(absmax)[b] = dec;
-    } else if (FMT == KBIT_ABSMAX_FP16) {
-        over = finite && a_s > kF16Max;
-        const uint16_t h = !finite ? 0x7E00 : (over ? 0x7BFF : f16_ceil_bits(a_s));
-        if (lane == 0) static_cast<uint16_t *>(absmax)[b] = h;
-        dec = f16_bits_to_f32(h);
+// Index into ext_* of the entry nearest to v (search_nearest of kbit_format.h).
+__device__ __forceinline__ int lookup(const QuantTable &t, bool single, float v) {
+    const BinEntry e = t.bins[search_bin(v)];
+    int p = e.p0;
+    float m = e.mid;
+    if (single) {
+        if (m < v) return p + 1;
     } else {
-        const int c0 = finite ? e4m4_ceil(a_s) : 256;
-        over = c0 > 255;
-        int best = over ? 255 : c0;
-        if (!over && c0 > 0) {
-            double best_score = INFINITY;
-#pragma unroll
-            for (int ci = 0; ci < kNumCandidates; ++ci) {
-                const int c = c0 + candidate_offset(ci);
-                if (c < 1 || c > 255) continue;  // uniform across the warp
-                const float dc = e4m4_decode(c);
-                const float v = scaled(x, inverse_scale(mul_rn(dc, ts)));
-                const Nearest near = search_nearest(tab, v);
-                const uint32_t units = __reduce_add_sync(kFull, valid ? error_units(v, near.value) : 0u);
-                const double score = static_cast<double>(units) * dc * dc;
-                if (score < best_score) {
-                    best_score = score;
-                    best = c;
-                    code = near.code;
-                }
-            }
-            have_code = true;
-        }
-        if (lane == 0) static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
-        dec = e4m4_decode(best);
+        while (m < v) m = t.mid[++p];
     }
-    if (!have_code) code = search_nearest(tab, scaled(x, finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f)).code;
-    if (!valid || !finite) code = 0;
-
-    uint32_t word = 0;
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-        const uint32_t plane = __ballot_sync(kFull, (code >> j) & 1);
-        if (lane == j) word = plane;
-    }
-    if (lane < K) packed[b * K + lane] = word;
-    if (lane == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
+    return v == m ? kBlock + p : p;
 }
 
+// Quantize: a warp takes 8 blocks at a time; lane l handles run q = l >> 3 (elements
+// 8q..8q+7, one 16-byte load) of block g = l & 7, so the 4 lanes of a block are
+// l = g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Per-block work is shared
+// by 4 lanes instead of 32. The bit planes come from __ballot_sync: for element e of
+// every run, ballot j has bit 8q+g = bit j of that code, so (ballot >> g) & 0x01010101
+// holds block g's bits 8q+e for q = 0..3.
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
                 const float *__restrict__ codebook, CodebookParam def, float ts,
                 void *__restrict__ absmax, uint32_t *__restrict__ packed) {
+    __shared__ QuantTable t;
     __shared__ SearchTable tab;
-    build_search_table(tab, codebook, def, 1 << K);
+    build_quant_table(t, tab, codebook, def, 1 << K);
+    const bool single = t.single;
+    const float rcp_ts = rcp_rn(ts);
 
     const int lane = threadIdx.x & 31;
+    const int g = lane & 7, q = lane >> 3;
     const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t tiles = (blocks + 7) / 8;
+    const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-    for (int64_t b0 = warp * kQuantUnroll; b0 < blocks; b0 += warps * kQuantUnroll) {
-        float x[kQuantUnroll];
+
+    for (int64_t tile = warp; tile < tiles; tile += warps) {
+        const int64_t b = tile * 8 + g;
+        const int64_t e0 = b * kBlock + q * kRun;
+        const int64_t left = n - e0;
+        const int nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
+        float x[kRun];
+        if (nvalid == kRun && aligned) {
+            load8(T{}, in + e0, x);
+        } else {
 #pragma unroll
-        for (int u = 0; u < kQuantUnroll; ++u) {  // all loads first: memory parallelism
-            const int64_t i = (b0 + u) * kBlock + lane;
-            x[u] = i < n ? dev_load(T{}, in[i]) : 0.0f;
+            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? dev_load(T{}, in[e0 + e]) : 0.0f;
         }
+
+        uint32_t amax_bits = 0;
 #pragma unroll
-        for (int u = 0; u < kQuantUnroll; ++u) {
-            const int64_t b = b0 + u;
-            if (b >= blocks) break;  // uniform across the warp
-            quantize_block<K, FMT>(x[u], b * kBlock + lane < n, tab, ts, absmax, packed, b);
+        for (int e = 0; e < kRun; ++e) {
+            const uint32_t a = e < nvalid ? abs_bits(x[e]) : 0u;
+            amax_bits = a > amax_bits ? a : amax_bits;
+        }
+        amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 8));
+        amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 16));
+        const bool finite = bits_finite(amax_bits);
+        const float a = f32_from_bits(amax_bits);
+        const float a_s = ts == 1.0f ? a : div_rn(a, ts);
+        bool over = false;
+        float dec;
+        int idx[kRun];
+
+        if (FMT == KBIT_ABSMAX_E4M4) {
+            const int c0 = finite ? e4m4_ceil(a_s) : 256;
+            over = c0 > 255;
+            int best = over ? 255 : c0;
+            float best_score = INFINITY;
+#pragma unroll
+            for (int e = 0; e < kRun; ++e) idx[e] = 0;
+#pragma unroll
+            for (int ci = 0; ci < kNumCandidates; ++ci) {
+                // Every lane evaluates (the shuffles need the whole warp); `ok` decides.
+                const int c = c0 + candidate_offset(ci);
+                const bool ok = !over && c0 > 0 && c >= 1 && c <= 255;
+                const int cc = ok ? c : 1;
+                const float dc = e4m4_decode(cc);
+                const float inv = e4m4_inverse(t.rcp_e4m4[cc], rcp_ts);
+                int cand[kRun];
+                float acc = 0.0f;
+#pragma unroll
+                for (int e = 0; e < kRun; ++e) {
+                    const float v = scaled(x[e], inv);
+                    cand[e] = lookup(t, single, v);
+                    if (e < nvalid) acc = add_error(acc, v, t.ext_value[cand[e]]);
+                }
+                acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 8));    // r0 + r1, r2 + r3
+                acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));   // (r0 + r1) + (r2 + r3)
+                const float score = mul_rn(acc, mul_rn(dc, dc));
+                if (ok && score < best_score) {
+                    best_score = score;
+                    best = c;
+#pragma unroll
+                    for (int e = 0; e < kRun; ++e) idx[e] = cand[e];
+                }
+            }
+            dec = e4m4_decode(best);
+            if (q == 0 && b < blocks) static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
+            if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
+                const bool searched = finite && !over && dec > 0.0f;
+                const float inv = !finite    ? 0.0f
+                                  : searched ? e4m4_inverse(t.rcp_e4m4[best], rcp_ts)
+                                             : inverse_scale(mul_rn(dec, ts));
+#pragma unroll
+                for (int e = 0; e < kRun; ++e) idx[e] = lookup(t, single, scaled(x[e], inv));
+            }
+        } else {
+            if (FMT == KBIT_ABSMAX_FP32) {
+                dec = finite ? a_s : NAN;
+                if (q == 0 && b < blocks) static_cast<float *>(absmax)[b] = dec;
+            } else {
+                over = finite && a_s > kF16Max;
+                uint16_t h = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
+                if (f16_bits_to_f32(h) < a_s) ++h;
+                h = !finite ? 0x7E00 : (over ? 0x7BFF : h);
+                if (q == 0 && b < blocks) static_cast<uint16_t *>(absmax)[b] = h;
+                dec = f16_bits_to_f32(h);
+            }
+            const float inv = finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f;
+#pragma unroll
+            for (int e = 0; e < kRun; ++e) idx[e] = lookup(t, single, scaled(x[e], inv));
+        }
+
+        // Bit planes: lane (g, q) assembles plane q (and plane 4 on q == 0 for K = 5).
+        uint32_t word = 0, word4 = 0;
+#pragma unroll
+        for (int e = 0; e < kRun; ++e) {
+            const int code = e < nvalid && finite ? t.ext_code[idx[e]] : 0;
+            uint32_t mine = 0;
+#pragma unroll
+            for (int j = 0; j < K; ++j) {
+                const uint32_t plane = __ballot_sync(kFull, (code >> j) & 1);
+                if (j < 4 && j == q) mine = plane;
+                if (j == 4) word4 |= ((plane >> g) & 0x01010101u) << e;
+            }
+            word |= ((mine >> g) & 0x01010101u) << e;
+        }
+        if (b < blocks) {
+            if (q < K) packed[b * K + q] = word;
+            if (K == 5 && q == 0) packed[b * K + 4] = word4;
+            if (q == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
         }
     }
 }
@@ -222,11 +337,33 @@ __device__ __forceinline__ void spread_codes(const uint32_t (&w)[K], int q, uint
     }
 }
 
+// The K words of block b: one 8- or 16-byte load where K and the alignment of
+// `packed` allow (`vec`), else K loads.
+template <int K>
+__device__ __forceinline__ void load_words(const uint32_t *__restrict__ packed, int64_t b,
+                                           bool vec, uint32_t (&w)[K]) {
+    const uint32_t *p = packed + b * K;
+    if (!vec) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) w[j] = __ldg(p + j);
+    } else if constexpr (K == 4) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (K == 2) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < K; ++j) w[j] = __ldg(p + j);
+    }
+}
+
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ absmax, float ts,
                   const float *__restrict__ codebook, CodebookParam def, int64_t n,
-                  int64_t vec_elems, typename T::storage *__restrict__ out) {
+                  int64_t vec_elems, bool vec_words, typename T::storage *__restrict__ out) {
+    constexpr int kUnroll = 2;  // tiles whose loads are in flight together
     __shared__ float cb_smem[kBlock];
     const int lane = threadIdx.x & 31;
     const float cb_lane = lane < (1 << K) ? codebook_entry(codebook, def, lane) : 0.0f;
@@ -237,22 +374,30 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
     const int q = lane & 3;
-    for (int64_t t = warp; t < tiles; t += warps) {
-        const int64_t b = t * kTileBlocks + (lane >> 2);
-        uint32_t w[K];
+    for (int64_t t0 = warp * kUnroll; t0 < tiles; t0 += warps * kUnroll) {
+        uint32_t w[kUnroll][K];
+        float d[kUnroll];
 #pragma unroll
-        for (int j = 0; j < K; ++j) w[j] = __ldg(packed + b * K + j);
-        const float d = mul_rn(decode_absmax(FMT, absmax, b), ts);
-        uint32_t lo, hi;
-        spread_codes<K>(w, q, lo, hi);
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
-            v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), d);
-            v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), d);
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t b = (t0 + u < tiles ? t0 + u : t0) * kTileBlocks + (lane >> 2);
+            load_words<K>(packed, b, vec_words, w[u]);
+            d[u] = decode_absmax(FMT, absmax, b);
         }
-        store8(T{}, out + b * kBlock + 8 * q, v);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
+            const float scale = mul_rn(d[u], ts);
+            uint32_t lo, hi;
+            spread_codes<K>(w[u], q, lo, hi);
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
+                v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), scale);
+                v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), scale);
+            }
+            if (t0 + u < tiles) store8(T{}, out + b * kBlock + 8 * q, v);
+        }
     }
 
     // Scalar part: the tail (and everything when the output is not 16-byte aligned).
@@ -279,9 +424,9 @@ template <class T, int K, kbit_absmax_format FMT>
 cudaError_t launch_quantize(const void *in, int64_t n, const float *cb, float ts, void *absmax,
                             uint32_t *packed, cudaStream_t stream) {
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    const int64_t ctas = (blocks + kWarps * kQuantUnroll - 1) / (kWarps * kQuantUnroll);
+    const int64_t ctas = (blocks + kWarps * 8 - 1) / (kWarps * 8);
     int grid = 0;
-    cudaError_t err = grid_for(ctas, 2048 / kThreads, &grid);
+    cudaError_t err = resident_grid<quantize_kernel<T, K, FMT>>(kThreads, 0, ctas, &grid);
     if (err != cudaSuccess) return err;
     quantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
         static_cast<const typename T::storage *>(in), n, cb, default_codebook(K), ts, absmax,
@@ -296,10 +441,11 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
     const int64_t vec_elems = aligned ? n / kTileElems * kTileElems : 0;
     const int64_t work = vec_elems / kTileElems / kWarps + (n - vec_elems + kThreads - 1) / kThreads;
     int grid = 0;
-    cudaError_t err = grid_for(work > 0 ? work : 1, 2048 / kThreads, &grid);
+    cudaError_t err = resident_grid<dequantize_kernel<T, K, FMT>>(kThreads, 0, work > 0 ? work : 1, &grid);
     if (err != cudaSuccess) return err;
     dequantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
         packed, absmax, ts, cb, default_codebook(K), n, vec_elems,
+        (reinterpret_cast<uintptr_t>(packed) & (K == 4 ? 15u : 7u)) == 0,
         static_cast<typename T::storage *>(out));
     return launch_error();
 }

@@ -19,10 +19,10 @@ constexpr float kF16Max = 65504.0f;
 // the first candidate with the least error wins.
 constexpr int kNumCandidates = 4;
 KBIT_HD int candidate_offset(int i) { return i == 0 ? 0 : (i == 3 ? 1 : -i); }
-// Squared residuals are summed as integers in units of 2^-24 * d^2, each capped at
-// 2^26: exact and order-independent, so the warp sum equals the CPU sum.
-constexpr float kErrScale = 4096.0f;
-constexpr float kErrCap = 67108864.0f;  // 2^26
+// A candidate's error is sum (v - value)^2 over the block in float32, summed in a fixed
+// order on both sides: each run of 8 elements in element order, then the 4 runs as
+// (r0 + r1) + (r2 + r3), and weighted by decode(c)^2 (exact).
+constexpr int kRun = 8;
 // Search table bins: v in [-2, 2) in steps of 1/128, clamped at both ends.
 constexpr int kBins = 512;
 
@@ -49,12 +49,21 @@ KBIT_HD float div_rn(float a, float b) {
     return a / b;
 #endif
 }
-KBIT_HD uint32_t float_to_uint_rn(float a) {  // a in [0, 2^26]
+KBIT_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-    return __float2uint_rn(a);
+    return __fadd_rn(a, b);
 #else
-    return static_cast<uint32_t>(std::nearbyint(a));
+    return a + b;
 #endif
+}
+// Correctly rounded 1/d, capped at FLT_MAX so that x * (1/d) is never NaN for finite x.
+KBIT_HD float rcp_rn(float d) {
+#if defined(__CUDA_ARCH__)
+    float r = __frcp_rn(d);
+#else
+    float r = 1.0f / d;
+#endif
+    return r < 3.4028234663852886e38f ? r : 3.4028234663852886e38f;
 }
 
 // |x| as ordered bits: NaN > +inf > finite, so a max over bits finds non-finite too.
@@ -126,11 +135,17 @@ struct SearchTable {
     int unique;
 };
 
+// (v + 2) * 128 equals fma(v, 128, 256) bit for bit (scaling by 128 is exact).
 KBIT_HD int search_bin(float v) {
+#if defined(__CUDA_ARCH__)
+    const int b = __float2int_rz(__fmaf_rn(v, 128.0f, 256.0f));
+    return min(max(b, 0), kBins - 1);
+#else
     float y = (v + 2.0f) * 128.0f;
     if (!(y > 0.0f)) return 0;
     if (y >= static_cast<float>(kBins - 1)) return kBins - 1;
     return static_cast<int>(y);
+#endif
 }
 
 struct Nearest {
@@ -157,20 +172,23 @@ KBIT_HD uint8_t bin_start(const float *mid, int unique, int bin) {
     return static_cast<uint8_t>(count);
 }
 
-// Squared residual of v against a codebook value, in integer units (see kErrScale).
-KBIT_HD uint32_t error_units(float v, float value) {
-    float t = mul_rn(sub_rn(v, value), kErrScale);
-    float t2 = mul_rn(t, t);
-    return float_to_uint_rn(t2 < kErrCap ? t2 : kErrCap);
-}
-
-// v = x / d as the quantizer computes it (x * (1/d)); a NaN (0 * inf) becomes 0.
-KBIT_HD float scaled(float x, float inv) {
-    float v = mul_rn(x, inv);
-    return v == v ? v : 0.0f;
-}
+// v = x / d as the quantizer computes it: x * rcp_rn(d) (never NaN for finite x).
+KBIT_HD float scaled(float x, float inv) { return mul_rn(x, inv); }
 
 // Reciprocal of a block scale; 0 for a zero block (every element then maps to v = 0).
-KBIT_HD float inverse_scale(float d) { return d > 0.0f ? div_rn(1.0f, d) : 0.0f; }
+KBIT_HD float inverse_scale(float d) { return d > 0.0f ? rcp_rn(d) : 0.0f; }
+
+// Reciprocal of E4M4 candidate c's scale decode(c) * tensor_scale, defined as
+// rcp(decode(c)) * rcp(tensor_scale) so that the GPU reads rcp(decode(c)) from a table.
+KBIT_HD float e4m4_inverse(float rcp_dec, float rcp_ts) {
+    const float r = mul_rn(rcp_dec, rcp_ts);
+    return r < 3.4028234663852886e38f ? r : 3.4028234663852886e38f;
+}
+
+// Adds one element's squared residual to a run's sum.
+KBIT_HD float add_error(float acc, float v, float value) {
+    const float r = sub_rn(v, value);
+    return add_rn(acc, mul_rn(r, r));
+}
 
 }  // namespace kbit

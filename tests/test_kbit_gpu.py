@@ -81,6 +81,11 @@ def check_against_host(x, k, fmt, dtype, cb=None, ts=1.0):
     for offset in (0, 1):  # 1: output not 16-byte aligned, the scalar path
         got = gpu_dequantize(packed, absmax, n, k, fmt, dtype, cbg, ts, offset)
         assert same_values(got, want), f"dequantize differs n={n} offset={offset}"
+    # packed only 4-byte aligned: the word loads cannot be vectors
+    shifted = poisoned(nb * k * 4, 4)
+    shifted[4:4 + nb * k * 4] = packed[:nb * k * 4]
+    got = gpu_dequantize(shifted[4:], absmax, n, k, fmt, dtype, cbg, ts)
+    assert same_values(got, want), f"dequantize from misaligned packed differs n={n}"
 
 
 @pytest.mark.parametrize("k,fmt,dtype", list(itertools.product(KS, FORMATS, TORCH_DT)))
@@ -162,7 +167,8 @@ def test_gpu_large_tensor_over_2_pow_31(rng):
     assert function("kbit_dequantize")(packed.data_ptr(), absmax.data_ptr(), 2, ctypes.c_float(1),
                                        None, k, n, 1, out.data_ptr(), None) == 0
     torch.cuda.synchronize()
-    starts = [0, (1 << 26) * 32 - 64, (1 << 31) - 256, nb - 4] + \
+    # Block starts: the first, around element 2^31 (block 2^26), the last, random.
+    starts = [0, (1 << 26) - 2, (1 << 25) + 1, nb - 4] + \
         [int(b) for b in rng.integers(0, nb - 4, 4)]
     for b in starts:
         lo, hi = b * 32, min((b + 4) * 32, n)

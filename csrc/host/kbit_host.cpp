@@ -65,18 +65,20 @@ bool quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absm
         over = c0 > 255;
         int best = over ? 255 : c0;
         if (!over && c0 > 0) {
-            double best_score = INFINITY;
+            const float rcp_ts = rcp_rn(ts);
+            float best_score = INFINITY;
             for (int ci = 0; ci < kNumCandidates; ++ci) {
                 int c = c0 + candidate_offset(ci);
                 if (c < 1 || c > 255) continue;
-                float dc = e4m4_decode(c);
-                float inv = inverse_scale(mul_rn(dc, ts));
-                uint64_t units = 0;
+                const float dc = e4m4_decode(c);
+                const float inv = e4m4_inverse(rcp_rn(dc), rcp_ts);
+                float run[kBlock / kRun] = {};
                 for (int i = 0; i < valid; ++i) {
                     float v = scaled(x[i], inv);
-                    units += error_units(v, search_nearest(tab, v).value);
+                    run[i / kRun] = add_error(run[i / kRun], v, search_nearest(tab, v).value);
                 }
-                double score = static_cast<double>(units) * dc * dc;
+                const float total = add_rn(add_rn(run[0], run[1]), add_rn(run[2], run[3]));
+                const float score = mul_rn(total, mul_rn(dc, dc));
                 if (score < best_score) {
                     best_score = score;
                     best = c;
@@ -87,7 +89,10 @@ bool quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absm
         dec = e4m4_decode(best);
     }
 
-    const float inv = finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f;
+    const bool searched = fmt == KBIT_ABSMAX_E4M4 && finite && !over && dec > 0.0f;
+    const float inv = !finite    ? 0.0f
+                      : searched ? e4m4_inverse(rcp_rn(dec), rcp_rn(ts))
+                                 : inverse_scale(mul_rn(dec, ts));
     for (int j = 0; j < K; ++j) words[j] = 0;
     for (int i = 0; i < valid && finite; ++i) {
         uint32_t code = static_cast<uint32_t>(search_nearest(tab, scaled(x[i], inv)).code);

@@ -29,10 +29,10 @@ ABSMAX_FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
 # Candidate offsets from c0 tried by the E4M4 scale search, in order of preference
 # (the first with the least error wins).
 E4M4_CANDIDATES = (0, -1, -2, 1)
-# Squared residuals are summed as integers in units of 2^-24 * d^2 (exact and
-# order-independent, so CPU and GPU agree bit for bit); each term is capped at 2^26.
-ERR_SCALE = 4096.0
-ERR_CAP = float(1 << 26)
+# A candidate's error: sum (v - value)^2 in float32, each run of 8 elements summed in
+# element order, the 4 runs as (r0 + r1) + (r2 + r3), weighted by decode(c)^2.
+RUN = 8
+FLT_MAX = np.float32(3.4028234663852886e38)
 
 
 class RangeError(ValueError):
@@ -190,18 +190,37 @@ def _as_float32(x) -> np.ndarray:
 
 
 def _inverse(d):
-    """1/d per block in float32; 0 where d is not > 0 (zero blocks)."""
+    """1/d per block in float32 capped at FLT_MAX; 0 where d is not > 0 (zero blocks)."""
     d = np.asarray(d, dtype=np.float32)
     with np.errstate(divide="ignore", over="ignore"):
-        return np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+        r = np.float32(1) / np.where(d > 0, d, 1)
+    return np.where(d > 0, np.minimum(r, FLT_MAX), 0).astype(np.float32)
+
+
+def _e4m4_inverse(dec, tensor_scale):
+    """The E4M4 candidates' 1/(decode(c) * ts), defined as rcp(decode(c)) * rcp(ts)."""
+    with np.errstate(over="ignore"):
+        r = _inverse(dec) * _inverse(np.float32(tensor_scale))
+    return np.minimum(r.astype(np.float32), FLT_MAX)
 
 
 def _scaled(xb, inv):
-    """v = x * (1/d) in float32, NaN (0 * inf) replaced by 0."""
+    """v = x * (1/d) in float32 (inv is capped, so finite x never gives NaN)."""
     with np.errstate(invalid="ignore", over="ignore"):
         v = (xb * inv[:, None]).astype(np.float32)
     v[np.isnan(v)] = 0
     return v
+
+
+def _candidate_error(xv, val, valid):
+    """Per block: float32 sum of squared residuals in the library's order."""
+    r = np.where(valid, (xv - val).astype(np.float32), np.float32(0))
+    r = r.reshape(-1, BLOCK // RUN, RUN)
+    acc = np.zeros(r.shape[:2], dtype=np.float32)
+    for e in range(RUN):
+        acc = (acc + (r[:, :, e] * r[:, :, e]).astype(np.float32)).astype(np.float32)
+    return ((acc[:, 0] + acc[:, 1]).astype(np.float32) +
+            (acc[:, 2] + acc[:, 3]).astype(np.float32)).astype(np.float32)
 
 
 def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
@@ -245,23 +264,16 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
             c0 = encode_e4m4(np.where(over, 0, a_s)).astype(np.int64)
             c0[over] = 255
             best = c0.copy()
-            best_score = np.full(nb, np.inf)
+            best_score = np.full(nb, np.inf, dtype=np.float32)
             search = ~over & (c0 > 0)
             for off in E4M4_CANDIDATES:
                 c = c0 + off
                 ok = search & (c >= 1) & (c <= 255)
                 cc = np.clip(c, 1, 255)
                 dec_c = _E4M4_TABLE[cc]
-                d = (dec_c * ts).astype(np.float32)
-                inv = _inverse(d)
-                xv = _scaled(xb, inv)
+                xv = _scaled(xb, _e4m4_inverse(dec_c, ts))
                 _, val = _nearest(xv, table)
-                r = (xv - val).astype(np.float32)
-                t = (r * np.float32(ERR_SCALE)).astype(np.float32)
-                units = np.rint(np.minimum(t * t, np.float32(ERR_CAP))).astype(np.uint64)
-                units[~valid] = 0
-                s = units.sum(axis=1)
-                score = s.astype(np.float64) * dec_c.astype(np.float64) ** 2
+                score = (_candidate_error(xv, val, valid) * (dec_c * dec_c)).astype(np.float32)
                 better = ok & (score < best_score)
                 best = np.where(better, cc, best)
                 best_score = np.where(better, score, best_score)
@@ -274,7 +286,11 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
             raise RangeError(f"{int(over.sum())} block(s) exceed the {absmax_format} "
                              f"range at tensor_scale={float(ts)}")
         d = (dec.astype(np.float32) * ts).astype(np.float32)
-        inv = np.where(finite, _inverse(d), np.float32(0)).astype(np.float32)
+        inv = _inverse(d)
+        if absmax_format == "e4m4":  # searched blocks use the candidates' reciprocal
+            searched = finite & ~over & (dec > 0)
+            inv = np.where(searched, _e4m4_inverse(dec, ts), inv)
+        inv = np.where(finite, inv, np.float32(0)).astype(np.float32)
         xv = _scaled(xb, inv)  # zero blocks: v = 0
         codes, _ = _nearest(xv, table)
         codes[~finite] = 0
