@@ -98,6 +98,38 @@ __device__ __forceinline__ void load8(F32, const float *in, float (&x)[8]) {
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
 
+// The 4 lanes of a block (g, g+8, g+16, g+24) turn their runs' codes into the block's
+// bit-plane words. lo/hi hold the run's 8 codes one per byte. Plane j of the run is one
+// byte (bit e = bit j of code e): the multiply by 0x01020408 gathers bits 0, 8, 16, 24
+// into bits 24..27. A 4x4 byte transpose across the 4 lanes (two shuffles, two byte
+// permutes) then leaves plane q in lane q. Returns plane q; plane 4 (K = 5) in *word4.
+template <int K>
+__device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, int q,
+                                                    uint32_t &word4) {
+    uint32_t rows = 0;  // byte j: plane j of this run, j < 4
+    uint32_t plane4 = 0;
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+        const uint32_t b = (((lo >> j) & 0x01010101u) * 0x01020408u) >> 24 |
+                           ((((hi >> j) & 0x01010101u) * 0x01020408u) >> 24) << 4;
+        if (j < 4) rows |= b << (8 * j);
+        else plane4 = b;
+    }
+    // Round 1 (runs q, q^1): keep columns j with j & 1 == q & 1 for both runs.
+    const uint32_t r1 = __shfl_xor_sync(kFull, rows, 8);
+    const uint32_t t1 = __byte_perm(rows, r1, (q & 1) ? 0x3715 : 0x6240);
+    // Round 2 (runs q, q^2): column q of all four runs.
+    const uint32_t r2 = __shfl_xor_sync(kFull, t1, 16);
+    const uint32_t word = __byte_perm(t1, r2, (q & 2) ? 0x3276 : 0x5410);
+    if (K == 5) {
+        uint32_t v = plane4 << (8 * q);
+        v |= __shfl_xor_sync(kFull, v, 8);
+        v |= __shfl_xor_sync(kFull, v, 16);
+        word4 = v;
+    }
+    return word;
+}
+
 // The search table of kbit_format.h in shared memory, laid out for the GPU lookup:
 // bins[b] = the first midpoint index p0 that can follow a v in bin b and mid[p0];
 // ext_* entry p is the sorted entry p, entry 32 + p its exact-midpoint tie; `single`
@@ -300,20 +332,16 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
             for (int e = 0; e < kRun; ++e) idx[e] = lookup(t, single, scaled(x[e], inv));
         }
 
-        // Bit planes: lane (g, q) assembles plane q (and plane 4 on q == 0 for K = 5).
-        uint32_t word = 0, word4 = 0;
+        // Bit planes: lane (g, q) ends with plane q (and plane 4 on q == 0 for K = 5).
+        uint32_t lo = 0, hi = 0;  // code of element e in byte e (lo: 0..3, hi: 4..7)
 #pragma unroll
         for (int e = 0; e < kRun; ++e) {
-            const int code = e < nvalid && finite ? t.ext_code[idx[e]] : 0;
-            uint32_t mine = 0;
-#pragma unroll
-            for (int j = 0; j < K; ++j) {
-                const uint32_t plane = __ballot_sync(kFull, (code >> j) & 1);
-                if (j < 4 && j == q) mine = plane;
-                if (j == 4) word4 |= ((plane >> g) & 0x01010101u) << e;
-            }
-            word |= ((mine >> g) & 0x01010101u) << e;
+            const uint32_t code = e < nvalid && finite ? t.ext_code[idx[e]] : 0u;
+            if (e < 4) lo |= code << (8 * e);
+            else hi |= code << (8 * (e - 4));
         }
+        uint32_t word4 = 0;
+        const uint32_t word = pack_run_planes<K>(lo, hi, q, word4);
         if (b < blocks) {
             if (q < K) packed[b * K + q] = word;
             if (K == 5 && q == 0) packed[b * K + 4] = word4;
@@ -363,7 +391,6 @@ __global__ void __launch_bounds__(kThreads)
 dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ absmax, float ts,
                   const float *__restrict__ codebook, CodebookParam def, int64_t n,
                   int64_t vec_elems, bool vec_words, typename T::storage *__restrict__ out) {
-    constexpr int kUnroll = 2;  // tiles whose loads are in flight together
     __shared__ float cb_smem[kBlock];
     const int lane = threadIdx.x & 31;
     const float cb_lane = lane < (1 << K) ? codebook_entry(codebook, def, lane) : 0.0f;
@@ -374,30 +401,21 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
     const int q = lane & 3;
-    for (int64_t t0 = warp * kUnroll; t0 < tiles; t0 += warps * kUnroll) {
-        uint32_t w[kUnroll][K];
-        float d[kUnroll];
+    for (int64_t t = warp; t < tiles; t += warps) {
+        const int64_t b = t * kTileBlocks + (lane >> 2);
+        uint32_t w[K];
+        load_words<K>(packed, b, vec_words, w);
+        const float scale = mul_rn(decode_absmax(FMT, absmax, b), ts);
+        uint32_t lo, hi;
+        spread_codes<K>(w, q, lo, hi);
+        float v[8];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int64_t b = (t0 + u < tiles ? t0 + u : t0) * kTileBlocks + (lane >> 2);
-            load_words<K>(packed, b, vec_words, w[u]);
-            d[u] = decode_absmax(FMT, absmax, b);
+        for (int e = 0; e < 4; ++e) {
+            // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
+            v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), scale);
+            v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), scale);
         }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
-            const float scale = mul_rn(d[u], ts);
-            uint32_t lo, hi;
-            spread_codes<K>(w[u], q, lo, hi);
-            float v[8];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
-                v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), scale);
-                v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), scale);
-            }
-            if (t0 + u < tiles) store8(T{}, out + b * kBlock + 8 * q, v);
-        }
+        store8(T{}, out + b * kBlock + 8 * q, v);
     }
 
     // Scalar part: the tail (and everything when the output is not 16-byte aligned).
@@ -441,11 +459,11 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
     const int64_t vec_elems = aligned ? n / kTileElems * kTileElems : 0;
     const int64_t work = vec_elems / kTileElems / kWarps + (n - vec_elems + kThreads - 1) / kThreads;
     int grid = 0;
+    const bool words_vec = (reinterpret_cast<uintptr_t>(packed) & (K == 4 ? 15u : 7u)) == 0;
     cudaError_t err = resident_grid<dequantize_kernel<T, K, FMT>>(kThreads, 0, work > 0 ? work : 1, &grid);
     if (err != cudaSuccess) return err;
     dequantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
-        packed, absmax, ts, cb, default_codebook(K), n, vec_elems,
-        (reinterpret_cast<uintptr_t>(packed) & (K == 4 ? 15u : 7u)) == 0,
+        packed, absmax, ts, cb, default_codebook(K), n, vec_elems, words_vec,
         static_cast<typename T::storage *>(out));
     return launch_error();
 }
