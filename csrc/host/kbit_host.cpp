@@ -1,7 +1,9 @@
 // CPU implementation of the kbit format: the same packed words and scales as the GPU
 // kernels in csrc/kbit.cu, block by block, using the shared arithmetic of kbit_format.h.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "../kbit_api.h"
@@ -34,6 +36,36 @@ SearchTable build_search_table(const float *cb, int m) {
     }
     for (int b = 0; b < kBins; ++b) tab.start[b] = bin_start(tab.mid, u, b);
     return tab;
+}
+
+// Runs body(first, last) over [0, blocks) split across the machine's cores (blocks are
+// independent, so the result does not depend on the split). Small inputs stay on the
+// calling thread.
+template <class Body>
+void parallel_blocks(int64_t blocks, Body &&body) {
+    const int64_t min_per_thread = 4096;
+    int threads = static_cast<int>(std::min<int64_t>(
+        std::max(1u, std::thread::hardware_concurrency()), blocks / min_per_thread));
+    threads = std::min(threads, 32);
+    if (threads <= 1) {
+        body(int64_t{0}, blocks);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const int64_t chunk = (blocks + threads - 1) / threads;
+    int64_t started = chunk;  // [chunk, started) runs on the pool
+    try {
+        pool.reserve(threads - 1);
+        for (; started < blocks; started += chunk) {
+            const int64_t first = started, last = std::min(blocks, first + chunk);
+            pool.emplace_back([&body, first, last] { body(first, last); });
+        }
+    } catch (...) {
+        // No more threads: the calling thread does what was not handed out.
+    }
+    body(int64_t{0}, std::min(blocks, chunk));
+    if (started < blocks) body(started, blocks);
+    for (auto &th : pool) th.join();
 }
 
 const float *resolve_codebook(const float *codebook, int k) {
@@ -110,18 +142,22 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
     const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
     const auto *in = static_cast<const typename T::storage *>(input);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    int64_t over = 0;
-    float x[kBlock];
-    for (int64_t b = 0; b < blocks; ++b) {
-        const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
-        for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
-        over += quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
-    }
+    std::atomic<int64_t> over{0};
+    parallel_blocks(blocks, [&](int64_t first, int64_t last) {
+        int64_t local = 0;
+        float x[kBlock];
+        for (int64_t b = first; b < last; ++b) {
+            const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
+            for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
+            local += quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
+        }
+        over += local;
+    });
     if (over)
         return fail(KBIT_ERROR_RANGE,
                     "%lld block(s) exceed the absmax format's range at tensor_scale=%g "
                     "(stored clipped); use kbit_compute_tensor_scale_host",
-                    static_cast<long long>(over), static_cast<double>(ts));
+                    static_cast<long long>(over.load()), static_cast<double>(ts));
     return KBIT_SUCCESS;
 }
 
@@ -133,16 +169,18 @@ kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_abs
     const float *cb = resolve_codebook(codebook, K);
     auto *out = static_cast<typename T::storage *>(output);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    for (int64_t b = 0; b < blocks; ++b) {
-        const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
-        const uint32_t *w = packed + b * K;
-        const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
-        for (int i = 0; i < valid; ++i) {
-            uint32_t code = 0;
-            for (int j = 0; j < K; ++j) code |= ((w[j] >> i) & 1u) << j;
-            out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[code], d));
+    parallel_blocks(blocks, [&](int64_t first, int64_t last) {
+        for (int64_t b = first; b < last; ++b) {
+            const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
+            const uint32_t *w = packed + b * K;
+            const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
+            for (int i = 0; i < valid; ++i) {
+                uint32_t code = 0;
+                for (int j = 0; j < K; ++j) code |= ((w[j] >> i) & 1u) << j;
+                out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[code], d));
+            }
         }
-    }
+    });
     return KBIT_SUCCESS;
 }
 
