@@ -5,6 +5,8 @@ PYTHON ?= python3
 # GPU architectures (CMake list). The default covers A100 and H100; set e.g. CUDA_ARCHS=90.
 CUDA_ARCHS ?= 80-real;90
 CMAKE_FLAGS ?=
+# log2 of the benchmark sizes
+BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -37,21 +39,13 @@ demo: build deps
 
 bench: build
 	@test -x $(BUILD)/bench/kbit_bench || { echo "kbit_bench needs a CUDA build"; exit 1; }
-	$(BUILD)/bench/kbit_bench --json $(BUILD)/bench.json
+	$(BUILD)/bench/kbit_bench --sizes $(BENCH_SIZES) --json $(BUILD)/bench.json
 
 # On a GPU machine: build for sm_90, every test with the GPU on, compute-sanitizer on a
 # small case, the benchmark. Logs go to $(OUT) (default: $(BUILD)/gpu-check).
 OUT ?= $(BUILD)/gpu-check
 gpu-check:
-	mkdir -p $(OUT)
-	$(MAKE) build BUILD=$(BUILD) CUDA_ARCHS=90 2>&1 | tail -5
-	set -o pipefail; $(MAKE) test-c BUILD=$(BUILD) 2>&1 | tee $(OUT)/ctest.log
-	set -o pipefail; $(PYTHON) -m pytest tests -q -rs 2>&1 | tee $(OUT)/pytest.log
-	set -o pipefail; compute-sanitizer --tool memcheck --error-exitcode 1 \
-	    $(BUILD)/bench/kbit_bench --check-only --small 2>&1 | tee $(OUT)/memcheck.log
-	set -o pipefail; compute-sanitizer --tool racecheck --error-exitcode 1 \
-	    $(BUILD)/bench/kbit_bench --check-only --small 2>&1 | tee $(OUT)/racecheck.log
-	set -o pipefail; $(BUILD)/bench/kbit_bench --json $(OUT)/bench.json 2>&1 | tee $(OUT)/bench.log
+	bench/gpu_check.sh $(BUILD) $(OUT) $(BENCH_SIZES)
 
 clean:
 	rm -rf $(BUILD) bindings/python/kbit/libkbit.so

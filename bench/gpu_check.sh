@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The GPU check (make gpu-check): build for sm_90, every test with the GPU on,
+# compute-sanitizer memcheck and racecheck on a small case, then the benchmark.
+# Every step runs even if an earlier one failed; logs go to $OUT; exits non-zero if any
+# step failed. Usage: bench/gpu_check.sh BUILD_DIR OUT_DIR BENCH_SIZES
+set -uo pipefail
+BUILD=${1:-build} OUT=${2:-$BUILD/gpu-check} SIZES=${3:-20,24,26,28}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+failed=()
+step() {  # step NAME COMMAND...: runs COMMAND, logs to $OUT/NAME.log
+    local name=$1; shift
+    echo "== $name: $*"
+    if ! "$@" > "$OUT/$name.log" 2>&1; then failed+=("$name"); echo "   FAILED (see $OUT/$name.log)"; fi
+    tail -n 3 "$OUT/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } > "$OUT/device.txt" 2>&1
+step build make build BUILD="$BUILD" CUDA_ARCHS=90
+step ctest ctest --test-dir "$BUILD" --output-on-failure
+step pytest "$PYTHON" -m pytest tests -q -rs
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
+step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
+if [ ${#failed[@]} -ne 0 ]; then echo "gpu-check FAILED: ${failed[*]}"; exit 1; fi
+echo "gpu-check passed"
