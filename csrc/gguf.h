@@ -1,0 +1,341 @@
+// GGUF (ggml) block formats Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: the block layouts and the
+// per-group dequantization math, shared by the CPU (csrc/host/gguf_host.cpp) and the
+// GPU (csrc/gguf.cu) so that both give the same bits.
+//
+// Work is split into groups of G consecutive outputs (G = 8 for 16-bit outputs and 4
+// for fp32 on the GPU: one 16-byte store). A format's `group()` decodes one group of a
+// block through a loader that reads little-endian 32-bit words at even byte offsets:
+// the host loader assembles bytes, the device loader uses the widest load the
+// alignment allows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+#if defined(__CUDACC__)
+#  include <cuda_bf16.h>
+#  include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDA_ARCH__)
+#  define KBIT_GGUF_UNROLL _Pragma("unroll")
+#else
+#  define KBIT_GGUF_UNROLL  // constant trip counts: the host compiler unrolls at -O3
+#endif
+
+namespace kbit {
+namespace gguf {
+
+constexpr int kQK_K = 256;  // elements per k-quant super-block
+
+// ggml's numeric type ids (GGUF tensor info).
+enum TypeId : int { kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+// ---- block layouts, byte for byte (fp16 fields held as raw bits) -------------------
+
+struct BlockQ4_0 {
+    uint16_t d;        // fp16 scale
+    uint8_t qs[16];    // element i: low nibble of qs[i]; element i+16: high nibble
+};
+struct BlockQ8_0 {
+    uint16_t d;        // fp16 scale
+    int8_t qs[32];
+};
+struct BlockQ4_K {
+    uint16_t d;          // fp16 scale of the 6-bit sub-block scales
+    uint16_t dmin;       // fp16 scale of the 6-bit sub-block mins
+    uint8_t scales[12];  // 8 scales and 8 mins, 6 bits each, packed
+    uint8_t qs[128];     // 64-element chunk c: qs[32c..32c+31], low nibbles then high
+};
+struct BlockQ5_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];      // bit s of qh[l]: 5th bit of element l of sub-block s
+    uint8_t qs[128];
+};
+struct BlockQ6_K {
+    uint8_t ql[128];     // low 4 bits
+    uint8_t qh[64];      // high 2 bits
+    int8_t scales[16];   // one signed 8-bit scale per 16 elements
+    uint16_t d;          // fp16 super-block scale
+};
+
+static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 is 18 bytes");
+static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 is 34 bytes");
+static_assert(sizeof(BlockQ4_K) == 144, "ggml block_q4_K is 144 bytes");
+static_assert(sizeof(BlockQ5_K) == 176, "ggml block_q5_K is 176 bytes");
+static_assert(sizeof(BlockQ6_K) == 210, "ggml block_q6_K is 210 bytes");
+static_assert(offsetof(BlockQ4_K, qs) == 16 && offsetof(BlockQ5_K, qh) == 16 &&
+                  offsetof(BlockQ5_K, qs) == 48 && offsetof(BlockQ6_K, qh) == 128 &&
+                  offsetof(BlockQ6_K, scales) == 192 && offsetof(BlockQ6_K, d) == 208,
+              "field offsets as in ggml");
+
+// ---- arithmetic, identical on both sides ---------------------------------------------
+
+// a * b rounded once to float32, never fused with a following add (ggml and gguf-py
+// round the product before subtracting the min). The float product is exact in double.
+KBIT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return static_cast<float>(static_cast<double>(a) * static_cast<double>(b));
+#endif
+}
+
+// Output conversion, rounding to nearest even. A NaN leaves as the canonical NaN of the
+// output type (0x7FFFFFFF, 0x7FFF, 0x7FFF): the GPU's arithmetic and conversion
+// instructions produce those, and the host copies them, so both give the same bits.
+KBIT_HD float out_cast(F32, float y) {
+#if defined(__CUDA_ARCH__)
+    return y;
+#else
+    return y != y ? f32_from_bits(0x7FFFFFFFu) : y;
+#endif
+}
+KBIT_HD uint16_t out_cast(F16, float y) {
+#if defined(__CUDA_ARCH__)
+    return __half_as_ushort(__float2half_rn(y));
+#else
+    return y != y ? uint16_t(0x7FFFu) : f32_to_f16_bits(y);
+#endif
+}
+KBIT_HD uint16_t out_cast(BF16, float y) {
+#if defined(__CUDA_ARCH__)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(y));
+#else
+    return y != y ? uint16_t(0x7FFFu) : f32_to_bf16_bits(y);
+#endif
+}
+
+// IEEE half bits -> float32, exact (the GPU's conversion instruction gives the same
+// value; NaNs turn canonical in the first product either way).
+KBIT_HD float half_to_f32(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+#else
+    return f16_bits_to_f32(static_cast<uint16_t>(bits));
+#endif
+}
+KBIT_HD float half_lo(uint32_t w) { return half_to_f32(w & 0xFFFFu); }
+KBIT_HD float half_hi(uint32_t w) { return half_to_f32(w >> 16); }
+
+// Byte i (0..7) of two little-endian words; i must be a compile-time constant in
+// unrolled loops so that no register array is indexed at run time.
+// Byte i of a little-endian word, minus `bias`, as an exact float: the byte is placed
+// in the mantissa of 2^23 (0x4B0000vv = 2^23 + v) and 2^23 + bias is subtracted, which
+// is exact for these small integers. One byte permute and one add on the GPU.
+KBIT_HD float byte_minus(uint32_t w, int i, float bias) {
+#if defined(__CUDA_ARCH__)
+    const uint32_t bits = __byte_perm(w, 0x4B000000u, 0x7540u | static_cast<uint32_t>(i));
+#else
+    const uint32_t bits = 0x4B000000u | ((w >> (8 * i)) & 0xFFu);
+#endif
+    return f32_from_bits(bits) - (8388608.0f + bias);
+}
+
+// Elements are extracted four at a time: each byte of a word holds one element's
+// integer code (0..63, or the int8 code + 128 for Q8_0).
+constexpr uint32_t kLow4 = 0x0F0F0F0Fu, kLow2 = 0x03030303u, kLow1 = 0x01010101u;
+
+// 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block; s0, s1, s2 are the
+// 12 packed bytes as little-endian words. Sub-blocks 0..3: the low 6 bits of bytes s
+// and s+4. Sub-blocks 4..7: a nibble of byte s+4 plus the top 2 bits of bytes s-4, s.
+KBIT_HD void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t s2, int s, uint32_t *sc,
+                          uint32_t *mn) {
+    const int sh = 8 * (s & 3);
+    const uint32_t a = (s0 >> sh) & 0xFFu, b = (s1 >> sh) & 0xFFu, c = (s2 >> sh) & 0xFFu;
+    const bool low = s < 4;  // selects, not branches: a warp holds every sub-block
+    *sc = low ? (a & 63u) : ((c & 15u) | ((a >> 6) << 4));
+    *mn = low ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4));
+}
+
+// ---- formats: decode elements e0 .. e0+G-1 of the block behind `ld` into y ---------
+//
+// G is 4 or 8 and e0 a multiple of G, so a group never straddles a sub-block or a run
+// of packed bytes. Loader interface: ld.template words<N, OffAlign>(off, w) fills
+// w[0..N-1] with the 4N bytes at byte offset `off` of the block, off being a multiple
+// of OffAlign (>= 2); ld.u16(off) reads 2 bytes at an even offset, ld.byte(off) one.
+
+// Q4_0: element e is the low nibble of qs[e] (e < 16) or the high nibble of qs[e-16].
+struct Q4_0 {
+    static constexpr int kTypeId = kQ4_0, kElems = 32, kBytes = sizeof(BlockQ4_0);
+    template <int G, class L>
+    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
+        uint32_t q[G / 4];
+        const float d = half_to_f32(ld.u16(offsetof(BlockQ4_0, d)));
+        ld.template words<G / 4, 2>(offsetof(BlockQ4_0, qs) + (e0 & 15), q);
+        const int shift = 4 * (e0 >> 4);
+KBIT_GGUF_UNROLL
+        for (int i = 0; i < G; ++i)
+            y[i] = mul_rn(d, byte_minus((q[i / 4] >> shift) & kLow4, i % 4, 8.0f));
+    }
+};
+
+struct Q8_0 {
+    static constexpr int kTypeId = kQ8_0, kElems = 32, kBytes = sizeof(BlockQ8_0);
+    template <int G, class L>
+    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
+        uint32_t q[G / 4];
+        const float d = half_to_f32(ld.u16(offsetof(BlockQ8_0, d)));
+        ld.template words<G / 4, 2>(offsetof(BlockQ8_0, qs) + e0, q);
+KBIT_GGUF_UNROLL
+        for (int i = 0; i < G; ++i)  // int8 x: byte x ^ 0x80 is x + 128
+            y[i] = mul_rn(d, byte_minus(q[i / 4] ^ 0x80808080u, i % 4, 128.0f));
+    }
+};
+
+// Q4_K and Q5_K: sub-block s = e/32 has scale d*sc[s] and min dmin*m[s]; element l of
+// it is the low (even s) or high (odd s) nibble of qs[32*(s/2) + l]; Q5_K adds bit s
+// of qh[l] as the 5th bit. Value: (d*sc) * q - (dmin*m), each product rounded.
+struct Q4_K {
+    static constexpr int kTypeId = kQ4_K, kElems = kQK_K, kBytes = sizeof(BlockQ4_K);
+    template <int G, class L>
+    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
+        uint32_t h[4], q[G / 4];
+        ld.template words<4, 16>(0, h);  // d, dmin, scales[12]
+        const int s = e0 >> 5, l0 = e0 & 31;
+        uint32_t sc, mn;
+        scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
+        const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
+        const float m1 = mul_rn(half_hi(h[0]), static_cast<float>(mn));
+        ld.template words<G / 4, G>(offsetof(BlockQ4_K, qs) + 32 * (s >> 1) + l0, q);
+        const int shift = 4 * (s & 1);
+KBIT_GGUF_UNROLL
+        for (int i = 0; i < G; ++i)
+            y[i] = mul_rn(d1, byte_minus((q[i / 4] >> shift) & kLow4, i % 4, 0.0f)) - m1;
+    }
+};
+
+struct Q5_K {
+    static constexpr int kTypeId = kQ5_K, kElems = kQK_K, kBytes = sizeof(BlockQ5_K);
+    template <int G, class L>
+    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
+        uint32_t h[4], q[G / 4], qh[G / 4];
+        ld.template words<4, 16>(0, h);
+        const int s = e0 >> 5, l0 = e0 & 31;
+        uint32_t sc, mn;
+        scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
+        const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
+        const float m1 = mul_rn(half_hi(h[0]), static_cast<float>(mn));
+        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qh) + l0, qh);
+        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qs) + 32 * (s >> 1) + l0, q);
+        const int shift = 4 * (s & 1);
+KBIT_GGUF_UNROLL
+        for (int i = 0; i < G; ++i) {
+            const uint32_t v = ((q[i / 4] >> shift) & kLow4) | (((qh[i / 4] >> s) & kLow1) << 4);
+            y[i] = mul_rn(d1, byte_minus(v, i % 4, 0.0f)) - m1;
+        }
+    }
+};
+
+// Q6_K: half hf = e/128, quadrant r = (e%128)/32, element l = e%32 of the quadrant.
+// Low 4 bits: ql[64hf + 32(r&1) + l], low nibble for r < 2, high for r >= 2; high 2
+// bits: bits 2r of qh[32hf + l]; scale: scales[8hf + 2r + l/16]. Value:
+// (d * scale) * (q - 32).
+struct Q6_K {
+    static constexpr int kTypeId = kQ6_K, kElems = kQK_K, kBytes = sizeof(BlockQ6_K);
+    template <int G, class L>
+    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
+        uint32_t ql[G / 4], qh[G / 4];
+        const int hf = e0 >> 7, r = (e0 >> 5) & 3, l0 = e0 & 31;
+        const float d = half_to_f32(ld.u16(offsetof(BlockQ6_K, d)));
+        const int8_t sc = static_cast<int8_t>(
+            ld.byte(offsetof(BlockQ6_K, scales) + 8 * hf + 2 * r + (l0 >> 4)));
+        const float ds = mul_rn(d, static_cast<float>(sc));
+        ld.template words<G / 4, G>(offsetof(BlockQ6_K, ql) + 64 * hf + 32 * (r & 1) + l0, ql);
+        ld.template words<G / 4, G>(offsetof(BlockQ6_K, qh) + 32 * hf + l0, qh);
+        const int lshift = 4 * (r >> 1), hshift = 2 * r;
+KBIT_GGUF_UNROLL
+        for (int i = 0; i < G; ++i) {
+            const uint32_t v =
+                ((ql[i / 4] >> lshift) & kLow4) | (((qh[i / 4] >> hshift) & kLow2) << 4);
+            y[i] = mul_rn(ds, byte_minus(v, i % 4, 32.0f));
+        }
+    }
+};
+
+// Host loader: assembles little-endian words from bytes (any host byte order).
+struct HostLoader {
+    const uint8_t *p;
+    template <int N, int OffAlign>
+    void words(int off, uint32_t (&w)[N]) const {
+        const uint8_t *q = p + off;
+        for (int i = 0; i < N; ++i)
+            w[i] = static_cast<uint32_t>(q[4 * i]) | (static_cast<uint32_t>(q[4 * i + 1]) << 8) |
+                   (static_cast<uint32_t>(q[4 * i + 2]) << 16) |
+                   (static_cast<uint32_t>(q[4 * i + 3]) << 24);
+    }
+    uint16_t u16(int off) const {
+        return static_cast<uint16_t>(p[off] | (static_cast<uint32_t>(p[off + 1]) << 8));
+    }
+    uint32_t byte(int off) const { return p[off]; }
+};
+
+}  // namespace gguf
+}  // namespace kbit
+
+// (format struct, C name) for every supported GGUF type: feeds the exported symbols and
+// the runtime switches of gguf.cu, gguf_host.cpp and gguf_nogpu.cpp.
+#define KBIT_GGUF_FOR_EACH_FORMAT(X, ...)        \
+    X(kbit::gguf::Q4_0, q4_0, __VA_ARGS__)       \
+    X(kbit::gguf::Q8_0, q8_0, __VA_ARGS__)       \
+    X(kbit::gguf::Q4_K, q4_K, __VA_ARGS__)       \
+    X(kbit::gguf::Q5_K, q5_K, __VA_ARGS__)       \
+    X(kbit::gguf::Q6_K, q6_K, __VA_ARGS__)
+
+namespace kbit {
+namespace gguf {
+
+// Argument checks shared by the GPU and CPU entries (n = 0 is a no-op).
+template <class Fmt, class T>
+inline kbit_status check_args(const void *blocks, int64_t n, const void *output) {
+    KBIT_TRY(check_n(n));
+    if (n % Fmt::kElems != 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "n = %lld is not a multiple of the block size %d",
+                    static_cast<long long>(n), Fmt::kElems);
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(blocks, "blocks", 2));
+    KBIT_TRY(check_ptr(output, "output", sizeof(typename T::storage)));
+    return KBIT_SUCCESS;
+}
+
+inline kbit_status bad_type(int ggml_type) {
+    return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                "ggml type %d is not supported (Q4_0=2, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)",
+                ggml_type);
+}
+
+inline kbit_status bad_dtype(int dtype) {
+    return fail(KBIT_ERROR_INVALID_ARGUMENT, "dtype %d is not a kbit_dtype", dtype);
+}
+
+// The runtime switch of the generic entries: calls f(Fmt{}, Tag{}) for the format with
+// ggml id `ggml_type` and the output type `dtype`.
+template <class Fmt, class F>
+inline kbit_status dispatch_dtype(int dtype, F &f) {
+    switch (dtype) {
+#define KBIT_GGUF_DTYPE_CASE_(TAG, tname) \
+    case TAG::dtype: return f(Fmt{}, TAG{});
+        KBIT_FOR_EACH_TYPE(KBIT_GGUF_DTYPE_CASE_)
+#undef KBIT_GGUF_DTYPE_CASE_
+        default: return bad_dtype(dtype);
+    }
+}
+
+template <class F>
+inline kbit_status dispatch(int ggml_type, int dtype, F &&f) {
+    switch (ggml_type) {
+#define KBIT_GGUF_TYPE_CASE_(FMT, qname, unused) \
+    case FMT::kTypeId: return dispatch_dtype<FMT>(dtype, f);
+        KBIT_GGUF_FOR_EACH_FORMAT(KBIT_GGUF_TYPE_CASE_, _)
+#undef KBIT_GGUF_TYPE_CASE_
+        default: return bad_type(ggml_type);
+    }
+}
+
+}  // namespace gguf
+}  // namespace kbit
