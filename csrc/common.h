@@ -84,12 +84,15 @@ KBIT_HD float f32_from_bits(uint32_t u) {
     return f;
 }
 
-// float32 -> IEEE half bits, round to nearest even; NaN -> 0x7E00.
+// NaN outputs are the canonical NaN the GPU's conversions and arithmetic produce
+// (0x7FFF for half and bfloat16, 0x7FFFFFFF for float), so CPU and GPU bytes agree.
+
+// float32 -> IEEE half bits, round to nearest even; NaN -> 0x7FFF.
 KBIT_HD uint16_t f32_to_f16_bits(float f) {
     uint32_t x = f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax > 0x7F800000u) return 0x7E00u | sign;       // NaN
+    if (ax > 0x7F800000u) return 0x7FFFu;               // NaN
     if (ax >= 0x477FF000u) return sign | 0x7C00u;       // rounds to >= 65520: inf
     if (ax >= 0x38800000u) {                            // normal half
         uint32_t mant = ax + 0xC8000FFFu + ((ax >> 13) & 1u);  // rebias + round
@@ -117,16 +120,57 @@ KBIT_HD float f16_bits_to_f32(uint16_t h) {
     return sign ? -v : v;
 }
 
-// float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FC0 (sign kept).
+// float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FFF.
 KBIT_HD uint16_t f32_to_bf16_bits(float f) {
     uint32_t x = f32_bits(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
     x += 0x7FFFu + ((x >> 16) & 1u);
     return static_cast<uint16_t>(x >> 16);
 }
 
 KBIT_HD float bf16_bits_to_f32(uint16_t b) {
     return f32_from_bits(static_cast<uint32_t>(b) << 16);
+}
+
+// ---- float operations with explicit rounding (never fused into an FMA), the same
+// on host and device ---------------------------------------------------------------
+
+KBIT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+KBIT_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+KBIT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+KBIT_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+// Correctly rounded 1/d, capped at FLT_MAX so that x * (1/d) is never NaN for finite x.
+KBIT_HD float rcp_rn(float d) {
+#if defined(__CUDA_ARCH__)
+    float r = __frcp_rn(d);
+#else
+    float r = 1.0f / d;
+#endif
+    return r < 3.4028234663852886e38f ? r : 3.4028234663852886e38f;
 }
 
 // Element access by dtype tag, for code templated on the storage type.
@@ -137,7 +181,7 @@ struct BF16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT
 KBIT_HD float load_f32(F32, float v) { return v; }
 KBIT_HD float load_f32(F16, uint16_t v) { return f16_bits_to_f32(v); }
 KBIT_HD float load_f32(BF16, uint16_t v) { return bf16_bits_to_f32(v); }
-KBIT_HD float store_cast(F32, float v) { return v; }
+KBIT_HD float store_cast(F32, float v) { return v == v ? v : f32_from_bits(0x7FFFFFFFu); }
 KBIT_HD uint16_t store_cast(F16, float v) { return f32_to_f16_bits(v); }
 KBIT_HD uint16_t store_cast(BF16, float v) { return f32_to_bf16_bits(v); }
 

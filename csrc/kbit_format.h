@@ -26,46 +26,6 @@ constexpr int kRun = 8;
 // Search table bins: v in [-2, 2) in steps of 1/128, clamped at both ends.
 constexpr int kBins = 512;
 
-// ---- rounding-exact float operations ----------------------------------------------
-
-KBIT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-KBIT_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-KBIT_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-KBIT_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-// Correctly rounded 1/d, capped at FLT_MAX so that x * (1/d) is never NaN for finite x.
-KBIT_HD float rcp_rn(float d) {
-#if defined(__CUDA_ARCH__)
-    float r = __frcp_rn(d);
-#else
-    float r = 1.0f / d;
-#endif
-    return r < 3.4028234663852886e38f ? r : 3.4028234663852886e38f;
-}
-
 // |x| as ordered bits: NaN > +inf > finite, so a max over bits finds non-finite too.
 KBIT_HD uint32_t abs_bits(float x) { return f32_bits(x) & 0x7FFFFFFFu; }
 KBIT_HD bool bits_finite(uint32_t abits) { return abits < 0x7F800000u; }

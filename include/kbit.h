@@ -194,6 +194,125 @@ KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *ab
 KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook);
 
 /* @@NF4-BEGIN@@ (NF4 / FP4 declarations: owned by csrc/nf4.cu) */
+/* ---------------------------------------------------------------------------------
+ * NF4 / FP4: bitsandbytes-compatible 4-bit blockwise quantization (SPEC section 2)
+ *
+ * Byte for byte what bitsandbytes' quantize_4bit(quant_type="nf4" / "fp4") produces
+ * and dequantize_4bit reads. A tensor of n elements, flat, is cut into
+ * kbit_nf4_absmax_count(n, blocksize) blocks of `blocksize` elements (a power of two,
+ * 32..4096; bitsandbytes' default is 64); the last block may be partial.
+ *  - absmax: one float32 per block, max |x| over the block.
+ *  - packed: kbit_nf4_packed_bytes(n) = (n+1)/2 bytes; byte i holds the code of
+ *    element 2i in its high nibble and of element 2i+1 in its low nibble (for odd n
+ *    the last low nibble is the code of 0.0). Codes index the 16-entry NF4 table of
+ *    the QLoRA paper or bitsandbytes' FP4 table (sign bit 8), with bitsandbytes'
+ *    float32 values and its decision thresholds.
+ *  - out[i] = table[code] * absmax[block] in float32, rounded to the output type.
+ * "Double quantization" (bitsandbytes' compress_statistics=True) stores the absmax
+ * array as 8-bit codes (qabsmax, one byte per block) of (absmax - offset) in blocks of
+ * 256 with the signed dynamic map `code` (256 floats), one float32 absmax2 per
+ * 256 blocks (kbit_nf4_absmax2_count) and one float32 offset (bitsandbytes uses the
+ * mean of absmax); the block scale is then (code[q] * absmax2) + offset.
+ *
+ * T in the names is the element type of input (quantize) or output (dequantize).
+ * Alignment: input/output to their element size, absmax/absmax2/code/offset to 4
+ * bytes; packed and qabsmax need none (16-byte aligned pointers take the fast path).
+ * An invalid blocksize returns KBIT_ERROR_INVALID_ARGUMENT. Every function below
+ * has a `_host` twin (same arguments minus the stream, host memory) giving the same
+ * bytes as the GPU one. The kbit_nf4_* helpers serve NF4 and FP4 alike.
+ * ------------------------------------------------------------------------------- */
+
+#define KBIT_NF4_DEFAULT_BLOCKSIZE 64
+#define KBIT_NF4_DQ_BLOCKSIZE 256 /* blocksize of the second-level absmax codes */
+
+/*! @return the packed size in bytes for n elements, (n+1)/2, or -1 if n < 0. */
+KBIT_API int64_t kbit_nf4_packed_bytes(int64_t n);
+
+/*! @return the number of blocks (absmax entries) for n elements, ceil(n/blocksize),
+ *  or -1 if n < 0 or blocksize is not a power of two in 32..4096. */
+KBIT_API int64_t kbit_nf4_absmax_count(int64_t n, int blocksize);
+
+/*! @return the number of absmax2 entries for `count` absmax values under double
+ *  quantization, ceil(count/256), or -1 if count < 0. */
+KBIT_API int64_t kbit_nf4_absmax2_count(int64_t count);
+
+/*! Writes bitsandbytes' signed dynamic map (create_dynamic_map(signed=True), the
+ *  `code` of double quantization: 256 ascending floats from -1 to 1) to host memory.
+ *  @return KBIT_SUCCESS, or KBIT_ERROR_NULL_POINTER / KBIT_ERROR_MISALIGNED. */
+KBIT_API kbit_status kbit_nf4_dynamic_map_host(float *code);
+
+/*! Per-type entries, F in {nf4, fp4} and T in {fp16, bf16, fp32}:
+ *  - cquantize_<F>_<T>: quantizes n elements of input (T) into absmax[count] and
+ *    packed[(n+1)/2];
+ *  - cdequantize_<F>_<T>: writes n elements of output (T) from packed and absmax;
+ *  - cdequantize_<F>_dq_<T>: the same from double-quantized scales: qabsmax[count]
+ *    bytes, absmax2[ceil(count/256)], code[256] (NULL: the built-in dynamic map) and
+ *    one offset float (in device memory for the GPU version);
+ *  where count = kbit_nf4_absmax_count(n, blocksize).
+ *  @return KBIT_SUCCESS, or KBIT_ERROR_INVALID_ARGUMENT (n < 0, bad blocksize),
+ *  KBIT_ERROR_NULL_POINTER, KBIT_ERROR_MISALIGNED (nothing written), or a device
+ *  error (KBIT_ERROR_NO_DEVICE, KBIT_ERROR_CUDA; KBIT_ERROR_NOT_SUPPORTED without CUDA). */
+#define KBIT_DECLARE_NF4_FUNCS(F, T)                                                    \
+    KBIT_API kbit_status cquantize_##F##_##T(const void *input, int64_t n, int blocksize, \
+                                             float *absmax, uint8_t *packed,            \
+                                             kbit_stream_t stream);                     \
+    KBIT_API kbit_status cquantize_##F##_##T##_host(const void *input, int64_t n,       \
+                                                    int blocksize, float *absmax,       \
+                                                    uint8_t *packed);                   \
+    KBIT_API kbit_status cdequantize_##F##_##T(const uint8_t *packed, const float *absmax, \
+                                               int64_t n, int blocksize, void *output,  \
+                                               kbit_stream_t stream);                   \
+    KBIT_API kbit_status cdequantize_##F##_##T##_host(const uint8_t *packed,            \
+                                                      const float *absmax, int64_t n,   \
+                                                      int blocksize, void *output);     \
+    KBIT_API kbit_status cdequantize_##F##_dq_##T(                                      \
+        const uint8_t *packed, const uint8_t *qabsmax, const float *absmax2,            \
+        const float *code, const float *offset, int64_t n, int blocksize, void *output, \
+        kbit_stream_t stream);                                                          \
+    KBIT_API kbit_status cdequantize_##F##_dq_##T##_host(                               \
+        const uint8_t *packed, const uint8_t *qabsmax, const float *absmax2,            \
+        const float *code, const float *offset, int64_t n, int blocksize, void *output);
+
+KBIT_DECLARE_NF4_FUNCS(nf4, fp16)
+KBIT_DECLARE_NF4_FUNCS(nf4, bf16)
+KBIT_DECLARE_NF4_FUNCS(nf4, fp32)
+KBIT_DECLARE_NF4_FUNCS(fp4, fp16)
+KBIT_DECLARE_NF4_FUNCS(fp4, bf16)
+KBIT_DECLARE_NF4_FUNCS(fp4, fp32)
+
+#undef KBIT_DECLARE_NF4_FUNCS
+
+/*! Writes the mean of absmax[0..count) to *mean (one float; device memory for the GPU
+ *  version, written asynchronously): float(sum / count) with the sum in double in a
+ *  fixed order, so host and GPU agree. count = 0 writes nothing. (bitsandbytes takes
+ *  torch's float32 mean, which may differ in the last bit.) @return a status. */
+KBIT_API kbit_status kbit_nf4_absmax_mean(const float *absmax, int64_t count, float *mean,
+                                          kbit_stream_t stream);
+KBIT_API kbit_status kbit_nf4_absmax_mean_host(const float *absmax, int64_t count,
+                                               float *mean);
+
+/*! Second-level quantization of count absmax values as bitsandbytes does it:
+ *  v = absmax - *offset, absmax2[j] = max |v| over 256-block j, qabsmax[i] = the
+ *  dynamic-map code of v / absmax2 (code: 256 floats, NULL for the built-in map).
+ *  @return a status; nothing is written on bad input. */
+KBIT_API kbit_status kbit_nf4_quantize_absmax(const float *absmax, int64_t count,
+                                              const float *code, const float *offset,
+                                              uint8_t *qabsmax, float *absmax2,
+                                              kbit_stream_t stream);
+KBIT_API kbit_status kbit_nf4_quantize_absmax_host(const float *absmax, int64_t count,
+                                                   const float *code, const float *offset,
+                                                   uint8_t *qabsmax, float *absmax2);
+
+/*! Rebuilds count float32 absmax values: (code[qabsmax[i]] * absmax2[i/256]) + *offset.
+ *  @return a status. */
+KBIT_API kbit_status kbit_nf4_dequantize_absmax(const uint8_t *qabsmax, const float *absmax2,
+                                                const float *code, const float *offset,
+                                                int64_t count, float *absmax,
+                                                kbit_stream_t stream);
+KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
+                                                     const float *absmax2,
+                                                     const float *code, const float *offset,
+                                                     int64_t count, float *absmax);
 /* @@NF4-END@@ */
 
 /* @@GGUF-BEGIN@@ (GGUF declarations: owned by csrc/gguf.cu) */

@@ -1,0 +1,301 @@
+// NF4 / FP4, the bitsandbytes-compatible 4-bit formats (SPEC section 2): the tables, the
+// per-element arithmetic shared by the GPU kernels (csrc/nf4.cu) and the CPU
+// implementation (csrc/host/nf4_host.cpp), the argument checks and the instance list.
+//
+// The bytes are those of bitsandbytes' CUDA quantize_4bit / dequantize_4bit:
+//  - absmax[b] = max |x| over block b in float32 (NaN ignored, subnormals count as 0;
+//    a partial last block also counts its zero padding, so an all-NaN block stores
+//    -FLT_MAX when full and 0 when partial, as bitsandbytes does);
+//  - code(x) = the encoding of x * rcp(absmax[b]) through bitsandbytes' fixed decision
+//    thresholds (NaN -> code 0), with its fast-math reciprocal and flushing product
+//    (bnb_rcp, bnb_mul below);
+//  - byte i holds element 2i in its high nibble, element 2i+1 in its low nibble; for
+//    odd n the last low nibble encodes 0.0 * rcp(absmax) of the padding element;
+//  - out = bnb_mul(table[code], absmax[b]), rounded to the output type (RN-even).
+// With "double quantization" (bitsandbytes' compress_statistics) the absmax values are
+// stored as 8-bit codes of (absmax - offset) in blocks of 256 with the signed dynamic
+// map, a float32 absmax2 per 256-block and one float32 offset; the dequantized absmax
+// is bnb_mul(code[q], absmax2) + offset.
+//
+// Host and GPU agree bit for bit, NaN included: the GPU's arithmetic NaN is 0x7FFFFFFF
+// and its f16/bf16 conversions give 0x7FFF, so the host canonicalises its NaNs to those.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+
+#include "common.h"
+
+// (format tag, format name, type tag, type name) for every exported NF4/FP4 instance.
+// A user defines KBIT_NF4_INSTANCE(FMT, FNAME, TAG, TNAME) and expands
+// KBIT_FOR_EACH_NF4_INSTANCE.
+#define KBIT_NF4_OF_TYPE_NF4(TAG, TNAME) KBIT_NF4_INSTANCE(kbit::bnb4::Nf4, nf4, TAG, TNAME)
+#define KBIT_NF4_OF_TYPE_FP4(TAG, TNAME) KBIT_NF4_INSTANCE(kbit::bnb4::Fp4, fp4, TAG, TNAME)
+#define KBIT_FOR_EACH_NF4_INSTANCE         \
+    KBIT_FOR_EACH_TYPE(KBIT_NF4_OF_TYPE_NF4) \
+    KBIT_FOR_EACH_TYPE(KBIT_NF4_OF_TYPE_FP4)
+
+namespace kbit {
+namespace bnb4 {
+
+constexpr int kMinBlock = 32;
+constexpr int kMaxBlock = 4096;
+constexpr int kDqBlock = 256;  // blocksize of the second-level (absmax) quantization
+constexpr int kDynamicEntries = 256;
+
+struct Nf4 {
+    static constexpr const char *name = "nf4";
+};
+struct Fp4 {
+    static constexpr const char *name = "fp4";
+};
+
+// ---- tables (bitsandbytes' float32 values) ------------------------------------------
+
+// Dequantization value of a 4-bit code.
+KBIT_HD float table_value(Nf4, int c) {
+    const float t[16] = {-1.0f,
+                         -0.6961928009986877f,
+                         -0.5250730514526367f,
+                         -0.39491748809814453f,
+                         -0.28444138169288635f,
+                         -0.18477343022823334f,
+                         -0.09105003625154495f,
+                         0.0f,
+                         0.07958029955625534f,
+                         0.16093020141124725f,
+                         0.24611230194568634f,
+                         0.33791524171829224f,
+                         0.44070982933044434f,
+                         0.5626170039176941f,
+                         0.7229568362236023f,
+                         1.0f};
+    return t[c & 15];
+}
+
+// FP4 (sign bit 8, three magnitude bits): magnitudes in code order, i.e. 0, 1/192,
+// 8/12, 12/12, 4/12, 6/12, 2/12, 3/12 as bitsandbytes rounds them to float32.
+KBIT_HD float table_value(Fp4, int c) {
+    const float m[8] = {0.0f,        0.005208333333f, 0.66666667f, 1.0f,
+                        0.33333333f, 0.5f,            0.16666667f, 0.25f};
+    const float v = m[c & 7];
+    return (c & 8) ? -v : v;
+}
+
+// Encoding thresholds, ascending. NF4: the 15 decision points between the 16 sorted
+// values (code = how many of them x exceeds). FP4: the 7 points between the 8 sorted
+// magnitudes (rank = how many of them |x| exceeds). Unused slots are +inf.
+KBIT_HD float threshold(Nf4, int i) {
+    const float t[16] = {-0.8480964004993439f,   -0.6106329262256622f,  -0.4599952697753906f,
+                         -0.33967943489551544f,  -0.23460740596055984f, -0.13791173323988914f,
+                         -0.045525018125772476f, 0.03979014977812767f,  0.1202552504837513f,
+                         0.2035212516784668f,    0.2920137718319893f,   0.3893125355243683f,
+                         0.5016634166240692f,    0.6427869200706482f,   0.8614784181118011f,
+                         INFINITY};
+    return t[i & 15];
+}
+KBIT_HD float threshold(Fp4, int i) {
+    const float t[8] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
+                        0.4166667f,  0.583333f,  0.8333333f,  INFINITY};
+    return t[i & 7];
+}
+
+// ---- per-element arithmetic -----------------------------------------------------------
+//
+// bitsandbytes builds its kernels with --use_fast_math, so its quantizers flush
+// subnormals to zero (abs, max, mul) and take 1.0f / absmax with the hardware's
+// approximate reciprocal (rcp.approx.ftz.f32, within 1 ulp of the exact one). kbit
+// reproduces that arithmetic on both sides: flushes as the hardware does, and
+// bnb_rcp() = the correctly rounded reciprocal moved by the hardware's measured
+// deviation (+-1 ulp, on an H100) for every input whose mantissa fits in 10 bits,
+// i.e. every absmax of an fp16 or bf16 tensor. For other inputs (fp32 tensors, the
+// second-level absmax2) bnb_rcp is the correctly rounded reciprocal, which differs
+// from the hardware's on ~13% of mantissas; a code can then differ from bitsandbytes'
+// when x / absmax lands within 1 ulp of a decision threshold (~1e-7 per element).
+
+// Mantissas m (10 bits) where rcp.approx.ftz.f32(1.m) is one ulp above (plus) or
+// below (minus) the correctly rounded 1 / 1.m: bit m of the 1024-bit maps.
+#define KBIT_BNB_RCP_PLUS                                                                   \
+    {0x00160800u, 0x00010000u, 0x08000000u, 0x00020306u, 0x02180400u, 0x00000000u,         \
+     0x00021800u, 0x10000006u, 0x00000010u, 0x00030500u, 0x04000000u, 0x00080000u,         \
+     0x03081804u, 0x00800202u, 0x00080462u, 0x0A040102u, 0x80090380u, 0x00180008u,         \
+     0x00000000u, 0x00080000u, 0x08000D80u, 0x30008018u, 0x01100000u, 0x00000000u,         \
+     0x002E0000u, 0x008020A0u, 0x00000000u, 0x20005500u, 0x09000000u, 0x00010001u,         \
+     0x18000100u, 0x00000020u}
+#define KBIT_BNB_RCP_MINUS                                                                  \
+    {0x00004040u, 0x40004001u, 0x01C02040u, 0xC0000000u, 0x00000080u, 0x00090001u,         \
+     0x28400000u, 0x00000000u, 0x80040000u, 0x00000000u, 0x20000020u, 0x00000000u,         \
+     0x80020000u, 0x28000000u, 0x06000000u, 0x00000000u, 0x00000000u, 0x00004000u,         \
+     0x00000000u, 0x00000040u, 0x00000000u, 0x00000000u, 0x00000000u, 0x00008000u,         \
+     0x00008000u, 0x00000000u, 0x00000000u, 0x00000000u, 0x00000000u, 0x34400000u,         \
+     0x00000020u, 0x01040000u}
+
+// Subnormals become zero of the same sign (the hardware's .ftz).
+KBIT_HD float flush(float x) {
+    const uint32_t u = f32_bits(x);
+    return (u & 0x7F800000u) == 0 ? f32_from_bits(u & 0x80000000u) : x;
+}
+
+// bitsandbytes' a * b: mul.rn.ftz.f32.
+KBIT_HD float bnb_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("mul.rn.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return flush(mul_rn(flush(a), flush(b)));
+#endif
+}
+
+// Start value of a block's absmax fold; fold_abs = max.ftz(acc, abs.ftz(x)), which
+// ignores NaN.
+constexpr float kFoldStart = -FLT_MAX;
+KBIT_HD float fold_abs(float acc, float x) {
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("{\n\t.reg .f32 t;\n\tabs.ftz.f32 t, %2;\n\tmax.ftz.f32 %0, %1, t;\n\t}"
+        : "=f"(r)
+        : "f"(acc), "f"(x));
+    return r;
+#else
+    return fmaxf(acc, flush(fabsf(x)));
+#endif
+}
+
+// bitsandbytes' 1.0f / a (see the top of this section); plus / minus are the maps.
+KBIT_HD float bnb_rcp(float a, const uint32_t *plus, const uint32_t *minus) {
+    const float f = flush(a);
+#if defined(__CUDA_ARCH__)
+    const float r = __frcp_rn(f);
+#else
+    const float r = 1.0f / f;
+#endif
+    const uint32_t fb = f32_bits(f), rb = f32_bits(r), e = rb & 0x7F800000u;
+    if ((fb & 0x1FFFu) == 0 && e != 0 && e != 0x7F800000u) {
+        const uint32_t m = (fb >> 13) & 1023u;
+        const uint32_t up = (plus[m >> 5] >> (m & 31)) & 1u;
+        const uint32_t down = (minus[m >> 5] >> (m & 31)) & 1u;
+        return flush(f32_from_bits(rb + up - down));  // one ulp in magnitude
+    }
+    return flush(r);
+}
+
+// Code of v = x / absmax, a branch-free binary search over the threshold table `thr`
+// (16 floats; bitsandbytes' decision tree gives the same codes). NaN -> 0.
+KBIT_HD int encode(Nf4, const float *thr, float v) {
+    int c = v > thr[7] ? 8 : 0;
+    c += v > thr[c + 3] ? 4 : 0;
+    c += v > thr[c + 1] ? 2 : 0;
+    c += v > thr[c] ? 1 : 0;
+    return c;
+}
+KBIT_HD int encode(Fp4, const float *thr, float v) {
+    const int sign = v < 0.0f ? 8 : 0;  // -0.0 and NaN count as positive
+    const float a = fabsf(v);
+    int r = a > thr[3] ? 4 : 0;
+    r += a > thr[r + 1] ? 2 : 0;
+    r += a > thr[r] ? 1 : 0;
+    // magnitude rank 0..7 -> code bits: 0, 1, 6, 7, 4, 5, 2, 3
+    return sign | static_cast<int>((0x32547610u >> (4 * r)) & 15u);
+}
+
+// bitsandbytes' 8-bit blockwise encoding against a sorted 256-entry code table: a
+// 7-step binary search from entry 127, then the nearer of the bracketing entries by
+// their float32 midpoint (strictly beyond the midpoint moves away from the pivot).
+KBIT_HD int encode_dynamic(const float *code, float v) {
+    int pivot = 127, hi_idx = 255, lo_idx = 0;
+    float lo = code[0], hi = code[255], val = code[127];
+    for (int step = 64; step > 0; step >>= 1) {
+        if (v > val) {
+            lo_idx = pivot;
+            lo = val;
+            pivot += step;
+        } else {
+            hi_idx = pivot;
+            hi = val;
+            pivot -= step;
+        }
+        val = code[pivot];
+    }
+    if (v > val) return v > mul_rn(add_rn(hi, val), 0.5f) ? hi_idx : pivot;
+    return v < mul_rn(add_rn(lo, val), 0.5f) ? lo_idx : pivot;
+}
+
+// The GPU's arithmetic NaN and its f16/bf16 conversions of any NaN (see the top).
+KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
+KBIT_HD float to_output(F32, float v) { return canonical_nan(v); }
+KBIT_HD uint16_t to_output(F16, float v) { return v != v ? 0x7FFF : f32_to_f16_bits(v); }
+KBIT_HD uint16_t to_output(BF16, float v) { return v != v ? 0x7FFF : f32_to_bf16_bits(v); }
+
+// ---- sizes and argument checks ----------------------------------------------------------
+
+inline bool valid_blocksize(int bs) {
+    return bs >= kMinBlock && bs <= kMaxBlock && (bs & (bs - 1)) == 0;
+}
+
+inline int log2_of(int bs) {
+    int l = 0;
+    while ((1 << l) < bs) ++l;
+    return l;
+}
+
+inline int64_t blocks_of(int64_t n, int bs) { return (n + bs - 1) / bs; }
+
+inline kbit_status check_blocksize(int bs) {
+    return valid_blocksize(bs)
+               ? KBIT_SUCCESS
+               : fail(KBIT_ERROR_INVALID_ARGUMENT,
+                      "blocksize must be a power of two in 32..4096, got %d", bs);
+}
+
+inline kbit_status check_quantize(const void *input, int64_t n, size_t elem, int bs,
+                                  const float *absmax, const uint8_t *packed) {
+    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_blocksize(bs));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(input, "input", elem));
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    KBIT_TRY(check_ptr(packed, "packed", 1));
+    return KBIT_SUCCESS;
+}
+
+inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, int64_t n,
+                                    int bs, const void *output, size_t elem) {
+    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_blocksize(bs));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(packed, "packed", 1));
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    KBIT_TRY(check_ptr(output, "output", elem));
+    return KBIT_SUCCESS;
+}
+
+// Second-level absmax arguments (code may be NULL: the built-in dynamic map).
+inline kbit_status check_dq_state(const uint8_t *qabsmax, const float *absmax2,
+                                  const float *code, const float *offset) {
+    KBIT_TRY(check_ptr(qabsmax, "qabsmax", 1));
+    KBIT_TRY(check_ptr(absmax2, "absmax2", 4));
+    if (code) KBIT_TRY(check_ptr(code, "code", 4));
+    KBIT_TRY(check_ptr(offset, "offset", 4));
+    return KBIT_SUCCESS;
+}
+
+inline kbit_status check_dequantize_dq(const uint8_t *packed, const uint8_t *qabsmax,
+                                       const float *absmax2, const float *code,
+                                       const float *offset, int64_t n, int bs,
+                                       const void *output, size_t elem) {
+    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_blocksize(bs));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(packed, "packed", 1));
+    KBIT_TRY(check_dq_state(qabsmax, absmax2, code, offset));
+    KBIT_TRY(check_ptr(output, "output", elem));
+    return KBIT_SUCCESS;
+}
+
+// The built-in signed dynamic map (bitsandbytes' create_dynamic_map(signed=True)),
+// computed once on the host (csrc/host/nf4_host.cpp).
+const float *dynamic_map();
+
+}  // namespace bnb4
+}  // namespace kbit
