@@ -11,6 +11,11 @@
 #include "kbit.h"
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDACC__)
 #  define KBIT_HD __host__ __device__ __forceinline__
 #else
 #  define KBIT_HD inline
@@ -181,9 +186,29 @@ struct BF16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT
 KBIT_HD float load_f32(F32, float v) { return v; }
 KBIT_HD float load_f32(F16, uint16_t v) { return f16_bits_to_f32(v); }
 KBIT_HD float load_f32(BF16, uint16_t v) { return bf16_bits_to_f32(v); }
-KBIT_HD float store_cast(F32, float v) { return v == v ? v : f32_from_bits(0x7FFFFFFFu); }
-KBIT_HD uint16_t store_cast(F16, float v) { return f32_to_f16_bits(v); }
-KBIT_HD uint16_t store_cast(BF16, float v) { return f32_to_bf16_bits(v); }
+// Output conversion, round to nearest even: the hardware instructions on the GPU, their
+// bit-exact equivalents on the CPU (NaN included).
+KBIT_HD float store_cast(F32, float v) {
+#if defined(__CUDA_ARCH__)
+    return v;
+#else
+    return v == v ? v : f32_from_bits(0x7FFFFFFFu);
+#endif
+}
+KBIT_HD uint16_t store_cast(F16, float v) {
+#if defined(__CUDA_ARCH__)
+    return __half_as_ushort(__float2half_rn(v));
+#else
+    return f32_to_f16_bits(v);
+#endif
+}
+KBIT_HD uint16_t store_cast(BF16, float v) {
+#if defined(__CUDA_ARCH__)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+#else
+    return f32_to_bf16_bits(v);
+#endif
+}
 
 }  // namespace kbit
 

@@ -121,12 +121,12 @@ template <class Fmt, class T>
 constexpr int group_elems() { return 16 / static_cast<int>(sizeof(typename T::storage)); }
 
 // Writes one group of G: one vector store when out is 16-byte aligned (Vec), else
-// element by element. Same bits as gguf::out_cast.
+// element by element. Same bits as store_cast.
 template <class T, bool Vec, int G>
 __device__ __forceinline__ void store_group(typename T::storage *out, const float (&y)[G]) {
     if constexpr (!Vec) {
 #pragma unroll
-        for (int i = 0; i < G; ++i) out[i] = out_cast(T{}, y[i]);
+        for (int i = 0; i < G; ++i) out[i] = store_cast(T{}, y[i]);
     } else if constexpr (sizeof(typename T::storage) == 4) {
         static_assert(G == 4, "fp32 groups are 4 elements");
         *reinterpret_cast<float4 *>(out) = make_float4(y[0], y[1], y[2], y[3]);

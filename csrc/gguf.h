@@ -75,40 +75,8 @@ static_assert(offsetof(BlockQ4_K, qs) == 16 && offsetof(BlockQ5_K, qh) == 16 &&
 
 // ---- arithmetic, identical on both sides ---------------------------------------------
 
-// a * b rounded once to float32, never fused with a following add (ggml and gguf-py
-// round the product before subtracting the min). The float product is exact in double.
-KBIT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return static_cast<float>(static_cast<double>(a) * static_cast<double>(b));
-#endif
-}
-
-// Output conversion, rounding to nearest even. A NaN leaves as the canonical NaN of the
-// output type (0x7FFFFFFF, 0x7FFF, 0x7FFF): the GPU's arithmetic and conversion
-// instructions produce those, and the host copies them, so both give the same bits.
-KBIT_HD float out_cast(F32, float y) {
-#if defined(__CUDA_ARCH__)
-    return y;
-#else
-    return y != y ? f32_from_bits(0x7FFFFFFFu) : y;
-#endif
-}
-KBIT_HD uint16_t out_cast(F16, float y) {
-#if defined(__CUDA_ARCH__)
-    return __half_as_ushort(__float2half_rn(y));
-#else
-    return y != y ? uint16_t(0x7FFFu) : f32_to_f16_bits(y);
-#endif
-}
-KBIT_HD uint16_t out_cast(BF16, float y) {
-#if defined(__CUDA_ARCH__)
-    return __bfloat16_as_ushort(__float2bfloat16_rn(y));
-#else
-    return y != y ? uint16_t(0x7FFFu) : f32_to_bf16_bits(y);
-#endif
-}
+// Products use mul_rn (common.h): rounded once, never fused with a following add, as
+// ggml and gguf-py round the product before subtracting the min.
 
 // IEEE half bits -> float32, exact (the GPU's conversion instruction gives the same
 // value; NaNs turn canonical in the first product either way).

@@ -37,15 +37,10 @@ __device__ __forceinline__ float codebook_entry(const float *cb, const CodebookP
     return cb ? cb[i] : def.v[i];
 }
 
-// Element loads/stores with the hardware conversions (same bits as common.h's).
+// Element loads with the hardware conversions (same bits as common.h's).
 __device__ __forceinline__ float dev_load(F32, float v) { return v; }
 __device__ __forceinline__ float dev_load(F16, uint16_t v) { return __half2float(__ushort_as_half(v)); }
 __device__ __forceinline__ float dev_load(BF16, uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
-__device__ __forceinline__ float dev_store(F32, float v) { return v; }
-__device__ __forceinline__ uint16_t dev_store(F16, float v) { return __half_as_ushort(__float2half_rn(v)); }
-__device__ __forceinline__ uint16_t dev_store(BF16, float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
 
 // Packs 8 floats into 16 bytes of T.
 __device__ __forceinline__ void store8(F16, uint16_t *out, const float (&v)[8]) {
@@ -428,7 +423,7 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
         uint32_t c = 0;
 #pragma unroll
         for (int j = 0; j < K; ++j) c |= ((packed[b * K + j] >> bit) & 1u) << j;
-        out[i] = dev_store(T{}, mul_rn(cb_smem[c], mul_rn(decode_absmax(FMT, absmax, b), ts)));
+        out[i] = store_cast(T{}, mul_rn(cb_smem[c], mul_rn(decode_absmax(FMT, absmax, b), ts)));
     }
 }
 

@@ -21,7 +21,7 @@ static void dequantize_range(const uint8_t *blocks, int64_t b0, int64_t b1,
         for (int e0 = 0; e0 < Fmt::kElems; e0 += kHostGroup) {
             float y[kHostGroup];
             Fmt::template group<kHostGroup>(ld, e0, y);
-            for (int i = 0; i < kHostGroup; ++i) o[e0 + i] = out_cast(T{}, y[i]);
+            for (int i = 0; i < kHostGroup; ++i) o[e0 + i] = store_cast(T{}, y[i]);
         }
     }
 }

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays
+from ._quantized import QuantizedBase
 from ._lib import KbitError, call, register
 
 _P = ctypes.c_void_p
@@ -37,7 +38,7 @@ register("kbit_default_codebook_host", [ctypes.c_int, _P])
 
 
 @dataclass
-class QuantizedTensor:
+class QuantizedTensor(QuantizedBase):
     """A kbit-quantized tensor: packed bit planes, block scales and how to read them.
 
     packed / absmax live where the input lived (numpy arrays, or device arrays of the
@@ -52,22 +53,11 @@ class QuantizedTensor:
     codebook: np.ndarray | None = None
 
     @property
-    def n(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-
-    @property
-    def on_device(self) -> bool:
-        return _arrays.device_view(self.packed) is not None
-
-    @property
     def nbytes(self) -> int:
         """Bytes of packed codes plus scales."""
         n_blocks = (self.n + 31) // 32
         return n_blocks * self.k * 4 + n_blocks * {"fp32": 4, "fp16": 2, "e4m4": 1}[self.absmax_format]
 
-    @property
-    def bits_per_element(self) -> float:
-        return self.nbytes * 8 / max(self.n, 1)
 
 
 def default_codebook(k: int) -> np.ndarray:

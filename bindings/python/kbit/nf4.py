@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays
+from ._quantized import QuantizedBase
 from ._lib import KbitError, call, register
 
 __all__ = ["Quantized4bit", "quantize_4bit", "dequantize_4bit", "quantize_nf4",
@@ -49,7 +50,7 @@ register("kbit_nf4_absmax2_count", [_I64], _I64)
 
 
 @dataclass
-class Quantized4bit:
+class Quantized4bit(QuantizedBase):
     """A tensor in bitsandbytes' 4-bit layout; field names follow its QuantState.
 
     packed: uint8[(n+1)//2]. absmax: float32[ceil(n/blocksize)], or uint8 codes of the
@@ -72,14 +73,6 @@ class Quantized4bit:
         return self.absmax2 is not None
 
     @property
-    def n(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-
-    @property
-    def on_device(self) -> bool:
-        return _arrays.device_view(self.packed) is not None
-
-    @property
     def nbytes(self) -> int:
         """Bytes of packed codes plus scales."""
         blocks = -(-self.n // self.blocksize)
@@ -87,9 +80,6 @@ class Quantized4bit:
             return (self.n + 1) // 2 + 4 * blocks
         return (self.n + 1) // 2 + blocks + 4 * -(-blocks // DQ_BLOCKSIZE) + 4
 
-    @property
-    def bits_per_element(self) -> float:
-        return self.nbytes * 8 / max(self.n, 1)
 
     @classmethod
     def from_bnb(cls, packed, quant_state) -> "Quantized4bit":
