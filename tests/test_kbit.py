@@ -460,3 +460,18 @@ def test_status_strings_and_version():
     for code, name in kbit._lib.STATUS.items():
         assert lib.kbit_status_string(code).decode() == name
     assert kbit.version() == (0, 1, 0)
+
+
+def test_every_kbit_symbol_is_exported():
+    """The SPEC section 4 names, exactly: 24 GPU and 24 host per-type entries and the rest."""
+    lib = kbit._lib.lib()
+    names = [f"c{op}_kbit_{t}_k{k}{s}" for op in ("quantize", "dequantize")
+             for t in ("fp16", "bf16", "fp32") for k in KS for s in ("", "_host")]
+    names += ["kbit_quantize", "kbit_dequantize", "kbit_quantize_host", "kbit_dequantize_host",
+              "kbit_packed_words", "kbit_absmax_bytes", "kbit_status_string", "kbit_version",
+              "kbit_last_error_message", "kbit_compute_tensor_scale",
+              "kbit_compute_tensor_scale_host", "kbit_get_range_flag", "kbit_e4m4_decode",
+              "kbit_default_codebook_host", "kbit_cuda_available"]
+    assert len(names) == 48 + 15
+    missing = [n for n in names if not hasattr(lib, n)]
+    assert not missing, missing
