@@ -10,7 +10,7 @@ BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps test test-c test-python demo bench gpu-check clean
+.PHONY: all build deps test test-c test-python demo bench gpu-check device-wheels clean
 
 all: build
 
@@ -46,6 +46,12 @@ bench: build
 OUT ?= $(BUILD)/gpu-check
 gpu-check:
 	bench/gpu_check.sh $(BUILD) $(OUT) $(BENCH_SIZES)
+
+# Wheels of the pure-Python test dependencies for a GPU machine without network
+# (carry .whl there; bench/gpu_check.sh installs them).
+device-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform any -d .whl gguf
 
 clean:
 	rm -rf $(BUILD) bindings/python/kbit/libkbit.so

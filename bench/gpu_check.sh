@@ -7,6 +7,11 @@ set -uo pipefail
 BUILD=${1:-build} OUT=${2:-$BUILD/gpu-check} SIZES=${3:-20,24,26,28}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
+# A GPU machine without network: take the gguf package from .whl (make device-wheels).
+if ! "$PYTHON" -c "import gguf" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --target /tmp/kbit-site .whl/*.whl &&
+        export PYTHONPATH=/tmp/kbit-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 failed=()
 step() {  # step NAME COMMAND...: runs COMMAND, logs to $OUT/NAME.log
     local name=$1; shift
