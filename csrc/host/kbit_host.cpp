@@ -72,10 +72,13 @@ const float *resolve_codebook(const float *codebook, int k) {
     return codebook ? codebook : kNormalFloat[k];
 }
 
-// One block: writes the K packed words and the stored scale; returns true when the
-// block does not fit the format (stored at the format's maximum).
+// What quantize_block reports about a block that the format cannot hold.
+enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
+
+// One block: writes the K packed words and the stored scale; says whether the block
+// fits the format (else it is stored at the format's maximum).
 template <int K>
-bool quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
+BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
                     float ts, void *absmax, int64_t b, uint32_t *words) {
     uint32_t amax_bits = 0;
     for (int i = 0; i < valid; ++i) amax_bits = std::max(amax_bits, abs_bits(x[i]));
@@ -130,7 +133,8 @@ bool quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absm
         uint32_t code = static_cast<uint32_t>(search_nearest(tab, scaled(x[i], inv)).code);
         for (int j = 0; j < K; ++j) words[j] |= ((code >> j) & 1u) << i;
     }
-    return over || (!finite && fmt == KBIT_ABSMAX_E4M4);
+    if (!finite && fmt == KBIT_ABSMAX_E4M4) return kNonFiniteE4M4;
+    return over ? kOverRange : kFits;
 }
 
 template <class T, int K>
@@ -142,17 +146,26 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
     const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
     const auto *in = static_cast<const typename T::storage *>(input);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    std::atomic<int64_t> over{0};
+    std::atomic<int64_t> over{0}, nonfinite{0};
     parallel_blocks(blocks, [&](int64_t first, int64_t last) {
-        int64_t local = 0;
+        int64_t local_over = 0, local_nonfinite = 0;
         float x[kBlock];
         for (int64_t b = first; b < last; ++b) {
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
             for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
-            local += quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
+            const BlockFit fit = quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
+            local_over += fit == kOverRange;
+            local_nonfinite += fit == kNonFiniteE4M4;
         }
-        over += local;
+        over += local_over;
+        nonfinite += local_nonfinite;
     });
+    if (nonfinite)
+        return fail(KBIT_ERROR_RANGE,
+                    "%lld block(s) hold NaN or Inf, which the E4M4 absmax format cannot "
+                    "represent (stored as 31.0); use the fp16 or fp32 absmax format, whose "
+                    "blocks dequantize to NaN",
+                    static_cast<long long>(nonfinite.load()));
     if (over)
         return fail(KBIT_ERROR_RANGE,
                     "%lld block(s) exceed the absmax format's range at tensor_scale=%g "
