@@ -27,6 +27,9 @@ inline kbit_status cuda_status(cudaError_t err, const char *what) {
 cudaError_t sm_count(int *count);
 
 inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
+    // A non-sticky error left by the caller's own earlier CUDA call is not ours to
+    // report after our launch: drop it first.
+    cudaGetLastError();
     int sms = 0;
     cudaError_t err = sm_count(&sms);
     if (err != cudaSuccess) return err;

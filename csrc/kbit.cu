@@ -4,7 +4,9 @@
 // each (16-byte loads). The absmax is a 4-lane max, the E4M4 scale is chosen among 4
 // candidate codes by the least squared error (summed in a fixed order, so the CPU makes
 // the same choice), each element gets the nearest codebook entry through a
-// shared-memory search table, and __ballot_sync calls produce the K bit-plane words.
+// shared-memory search table, and the 4 lanes build the K bit-plane words with a byte
+// gather and a 4x4 shuffle transpose (measured faster than __ballot_sync here, see
+// bench/RESULTS.md).
 //
 // Dequantize: each lane turns 8 consecutive elements of a block into one 16-byte store
 // (two for fp32): it reads the block's K words, spreads the K bit planes of its byte
@@ -217,9 +219,7 @@ __device__ __forceinline__ int lookup(const QuantTable &t, bool single, float v)
 // Quantize: a warp takes 8 blocks at a time; lane l handles run q = l >> 3 (elements
 // 8q..8q+7, one 16-byte load) of block g = l & 7, so the 4 lanes of a block are
 // l = g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Per-block work is shared
-// by 4 lanes instead of 32. The bit planes come from __ballot_sync: for element e of
-// every run, ballot j has bit 8q+g = bit j of that code, so (ballot >> g) & 0x01010101
-// holds block g's bits 8q+e for q = 0..3.
+// by 4 lanes instead of 32; pack_run_planes turns the codes into the bit-plane words.
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
@@ -590,6 +590,8 @@ KBIT_API kbit_status kbit_get_range_flag(int *raised, int clear) {
     return kbit::guarded([&] {
         KBIT_TRY(kbit::check_ptr(raised, "raised", alignof(int)));
         unsigned int flag = 0;
+        // Every stream's quantize kernels must have finished, non-blocking ones too.
+        KBIT_TRY(kbit::cuda_status(cudaDeviceSynchronize(), "synchronising the device"));
         KBIT_TRY(kbit::cuda_status(cudaMemcpyFromSymbol(&flag, kbit::g_range_flag, sizeof flag),
                                    "reading the range flag"));
         if (clear) {

@@ -70,13 +70,23 @@ KBIT_HD float decode_absmax(kbit_absmax_format fmt, const void *absmax, int64_t 
     return static_cast<const float *>(absmax)[b];
 }
 
-// The tensor_scale under which max_abs fits the format (1 when it already does).
+// The tensor_scale for a tensor whose largest finite |x| is max_abs:
+//  - above the format's maximum: max_abs / limit (rounded up until it fits);
+//  - E4M4, max_abs at most half the maximum: the power of two that brings max_abs into
+//    (15.5, 31], so small tensors keep the 1-byte format's normal range (its subnormal
+//    scales below 2^-10 are coarse); a power of two keeps decode * tensor_scale exact;
+//  - otherwise 1.
 inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
     float limit = fmt == KBIT_ABSMAX_E4M4 ? kE4M4Max : (fmt == KBIT_ABSMAX_FP16 ? kF16Max : INFINITY);
-    if (!(max_abs > limit)) return 1.0f;
-    float ts = max_abs / limit;
-    while (max_abs / ts > limit) ts = std::nextafter(ts, INFINITY);
-    return ts;
+    if (max_abs > limit) {
+        float ts = max_abs / limit;
+        while (max_abs / ts > limit) ts = std::nextafter(ts, INFINITY);
+        return ts;
+    }
+    if (fmt != KBIT_ABSMAX_E4M4 || !(max_abs > 0.0f) || max_abs > 0.5f * limit) return 1.0f;
+    int e = 0;
+    std::frexp(max_abs / limit, &e);  // max_abs / limit = f * 2^e, f in [0.5, 1)
+    return std::ldexp(1.0f, e);       // max_abs / ts = limit * f in [15.5, 31)
 }
 
 // ---- nearest codebook entry ----------------------------------------------------------

@@ -104,8 +104,10 @@ KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format);
 KBIT_API float kbit_e4m4_decode(uint8_t code);
 
 /*! Computes a tensor_scale under which every block of `input` (host memory) fits
- *  `absmax_format`: 1.0 when the tensor's absolute maximum already fits, else a
- *  scale slightly above max|x| / format_max. Non-finite values are ignored.
+ *  `absmax_format`: slightly above max|x| / format_max when max|x| exceeds the format;
+ *  for E4M4 with max|x| <= 15.5, the power of two that brings max|x| into [15.5, 31)
+ *  (keeping small tensors in E4M4's normal range); else 1.0. Non-finite values are
+ *  ignored.
  *  @return KBIT_SUCCESS and *tensor_scale, or an error status. */
 KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n,
                                                     kbit_dtype dtype,
@@ -121,16 +123,20 @@ KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n,
 
 /*! The GPU quantizers cannot return KBIT_ERROR_RANGE without synchronising, so a
  *  block whose absmax / tensor_scale exceeds the format (or, for E4M4, is not
- *  finite) is stored at the format's largest value and raises a device-wide flag.
- *  This reads the flag (synchronising the current device) into *raised (0 or 1)
- *  and clears it if `clear` is non-zero. */
+ *  finite) is stored at the format's largest value and raises a flag of the current
+ *  device. This synchronises the current device (every stream), reads the flag into
+ *  *raised (0 or 1) and clears it if `clear` is non-zero. The flag is shared by all
+ *  threads and streams on the device: clear it before the quantize calls it should
+ *  cover, and read it when no other thread's quantize is in flight. */
 KBIT_API kbit_status kbit_get_range_flag(int *raised, int clear);
 
 /* ---------------------------------------------------------------------------------
  * kbit quantize / dequantize (SPEC section 1 and 4)
  *
- * input / output: n elements of the type in the name; codebook: 2^K float32 values
- * (NULL: the built-in normal-float codebook), in device memory for the GPU functions;
+ * input / output: n elements of the type in the name; codebook: 2^K finite float32
+ * values in any order, duplicates allowed (NULL: the built-in normal-float codebook), in
+ * device memory for the GPU functions (host versions reject non-finite entries; the GPU
+ * ones do not check them);
  * absmax: kbit_absmax_bytes(n, format) bytes; packed: kbit_packed_words(n, K) words.
  * tensor_scale multiplies every decoded block scale (pass 1.0f when not needed; it
  * must be finite and > 0).

@@ -296,11 +296,49 @@ def test_range_error_and_tensor_scale(rng, fmt, limit):
     assert np.array_equal(kbit.dequantize(q), out)
 
 
-def test_tensor_scale_small_values_stay_one(rng):
-    x = rng.standard_normal(100).astype(np.float32)
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.05, 1.0, 3.0])
+def test_tensor_scale_brings_small_tensors_into_e4m4_normal_range(rng, scale):
+    x = (rng.standard_normal(4096) * scale).astype(np.float32)
     ts = ctypes.c_float()
     call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, 2, ctypes.byref(ts))
-    assert ts.value == 1.0
+    mantissa, _ = np.frexp(np.float32(ts.value))
+    assert mantissa == 0.5, "a power of two: decode * tensor_scale stays exact"
+    assert 15.5 <= np.abs(x).max() / ts.value < 31
+    # So accuracy does not depend on the tensor's magnitude.
+    y = kbit.dequantize(kbit.quantize(x, k=4))
+    assert R.sqnr_db(x, y) > 21
+    # fp16 and fp32 formats need no scale for such tensors.
+    for fmt in (0, 1):
+        call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, fmt, ctypes.byref(ts))
+        assert ts.value == 1.0
+
+
+def test_host_rejects_nonfinite_codebook():
+    x = np.ones(32, dtype=np.float32)
+    cb = R.create_normal_float_codebook(3)
+    cb[4] = np.nan
+    packed, absmax = _quant_args(x)
+    status = function("kbit_quantize_host")(x.ctypes.data, 32, 0, 3, cb.ctypes.data, 2,
+                                            ctypes.c_float(1), absmax.ctypes.data,
+                                            packed.ctypes.data)
+    assert status == STATUS["invalid"] and b"codebook[4]" in kbit._lib.lib().kbit_last_error_message()
+    assert np.all(packed == 0xAAAAAAAA)
+
+
+def test_python_nan_with_e4m4_is_refused_and_fp16_keeps_it():
+    x = np.linspace(-1, 1, 96).astype(np.float32)
+    x[40] = np.nan
+    with pytest.raises(kbit.KbitError, match="NaN or Inf"):
+        kbit.quantize(x)
+    y = kbit.dequantize(kbit.quantize(x, absmax="fp16"))
+    assert np.all(np.isnan(y[32:64])) and np.all(np.isfinite(y[:32])) and np.all(np.isfinite(y[64:]))
+
+
+def test_python_zero_dim_roundtrip():
+    q = kbit.quantize(np.float32(0.75), k=5, absmax="fp32")
+    assert q.shape == () and q.n == 1
+    y = kbit.dequantize(q)
+    assert y.shape == () and abs(float(y) - 0.75) < 1e-6
 
 
 @pytest.mark.parametrize("kind", ["normal", "student", "lognormal"])

@@ -146,6 +146,13 @@ def test_gpu_range_flag(rng):
         kbit.quantize(torch.from_numpy(x).cuda(), tensor_scale=1.0)
     q = kbit.quantize(torch.from_numpy(x).cuda())  # picks tensor_scale itself
     assert q.tensor_scale > 1
+    x[5] = np.nan  # E4M4 has no NaN: refused, as on the CPU
+    with pytest.raises(kbit.KbitError, match="NaN"):
+        kbit.quantize(torch.from_numpy(x).cuda())
+    with pytest.raises(kbit.KbitError, match="NaN"):
+        kbit.quantize(x)
+    y = kbit.dequantize(kbit.quantize(torch.from_numpy(x).cuda(), absmax="fp16"))
+    assert torch.isnan(y[:32]).all() and torch.isfinite(y[32:]).all()
 
 
 def test_gpu_large_tensor_over_2_pow_31(rng):

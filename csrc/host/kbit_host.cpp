@@ -143,6 +143,10 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
     KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
                             packed));
     if (n == 0) return KBIT_SUCCESS;
+    if (codebook)
+        for (int i = 0; i < (1 << K); ++i)
+            if (!std::isfinite(codebook[i]))
+                return fail(KBIT_ERROR_INVALID_ARGUMENT, "codebook[%d] is not finite", i);
     const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
     const auto *in = static_cast<const typename T::storage *>(input);
     const int64_t blocks = (n + kBlock - 1) / kBlock;

@@ -8,6 +8,7 @@ control that yourself.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass
 from typing import Any
@@ -145,6 +146,22 @@ def _from_cai(obj) -> DeviceArray:
     return DeviceArray(ptr, shape, dt.name, dev_id, obj)
 
 
+def device_context(arr: DeviceArray):
+    """Makes arr's device current for the calls inside (the kernels, the stream and the
+    scale helper's allocation must all be on the array's device)."""
+    mod = type(arr.owner).__module__.split(".")[0]
+    try:
+        if mod == "torch":
+            import torch
+            return torch.cuda.device(arr.device_id)
+        if mod == "cupy":
+            import cupy
+            return cupy.cuda.Device(arr.device_id)
+    except ImportError:
+        pass
+    return contextlib.nullcontext()
+
+
 def current_stream(obj) -> int:
     """The stream the caller's framework is working on for obj's device (0: default)."""
     mod = type(obj).__module__.split(".")[0]
@@ -182,7 +199,11 @@ def device_view(obj) -> DeviceArray | None:
 def _empty_with(mod: str, shape, dtype: str, device_id: int):
     if mod == "torch":
         import torch
-        tdt = {"bfloat16": torch.bfloat16}.get(dtype) or getattr(torch, dtype)
+        tdt = getattr(torch, dtype, None)
+        if tdt is None and dtype == "uint32":  # PyTorch < 2.3: same bytes as int32
+            tdt = torch.int32
+        if tdt is None:
+            raise KbitError(f"this PyTorch has no {dtype} tensors")
         return torch.empty(shape, dtype=tdt, device=f"cuda:{device_id}")
     if mod == "cupy":
         import cupy
@@ -208,13 +229,6 @@ def empty_device(like: DeviceArray, shape, dtype: str):
             errors.append(str(e))
     raise KbitError("cannot allocate a device output (" + "; ".join(errors) +
                     "): pass out= arrays")
-
-
-def host_array(obj, what: str) -> np.ndarray:
-    arr = np.asarray(obj)
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    return arr
 
 
 def check_device_output(arr: DeviceArray, size: int, dtype: str, what: str):

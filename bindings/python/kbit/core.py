@@ -85,7 +85,9 @@ def _check_args(k: int, absmax: str, codebook):
 
 
 def _host_input(x, dtype):
-    arr = np.ascontiguousarray(np.asarray(x))
+    arr = np.asarray(x)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
     if dtype is not None:
         name = _arrays.dtype_name(dtype)
         if name == "bfloat16":
@@ -117,11 +119,11 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
         arr, name = _host_input(x, dtype)
         n = arr.size
         ts = ctypes.c_float(1.0)
-        if tensor_scale is None:
+        if tensor_scale is not None:
+            ts.value = float(tensor_scale)
+        elif absmax != "fp32":  # fp32 scales hold any finite absmax
             call("kbit_compute_tensor_scale_host", arr.ctypes.data, n, _DTYPE_ID[name], fmt,
                  ctypes.byref(ts))
-        else:
-            ts.value = float(tensor_scale)
         n_blocks = (n + 31) // 32
         packed = np.empty(n_blocks * k, dtype=np.uint32)
         am = np.empty(n_blocks, dtype=_ABSMAX_NP[absmax])
@@ -132,30 +134,39 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
 
     if dev.dtype not in _DTYPE_ID:
         raise KbitError(f"input dtype must be float32, float16 or bfloat16, got {dev.dtype}")
+    with _arrays.device_context(dev):
+        return _quantize_device(x, dev, k, absmax, fmt, cb, tensor_scale)
+
+
+def _quantize_device(x, dev, k, absmax, fmt, cb, tensor_scale) -> QuantizedTensor:
     stream = _arrays.current_stream(x)
     n = dev.size
     ts = ctypes.c_float(1.0)
-    if tensor_scale is None:
+    if tensor_scale is not None:
+        ts.value = float(tensor_scale)
+    elif absmax != "fp32":  # fp32 scales hold any finite absmax
         call("kbit_compute_tensor_scale", dev.ptr, n, _DTYPE_ID[dev.dtype], fmt,
              ctypes.byref(ts), stream)
-    else:
-        ts.value = float(tensor_scale)
     n_blocks = (n + 31) // 32
     packed = _arrays.empty_device(dev, (n_blocks * k,), "uint32")
     am = _arrays.empty_device(dev, (n_blocks,), _ABSMAX_NP[absmax])
     cb_dev = _arrays.to_device(cb, dev) if cb is not None else None
-    explicit = tensor_scale is not None and absmax != "fp32"
-    if explicit:
+    # The device flag reports blocks that do not fit: over the range (only possible
+    # with a caller's tensor_scale) or NaN/Inf with E4M4 (which has no NaN).
+    check = absmax == "e4m4" or (tensor_scale is not None and absmax == "fp16")
+    if check:
         call("kbit_get_range_flag", ctypes.byref(ctypes.c_int()), 1)
     call("kbit_quantize", dev.ptr, n, _DTYPE_ID[dev.dtype], k,
          _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, fmt, ts,
          _arrays.device_view(am).ptr, _arrays.device_view(packed).ptr, stream)
-    if explicit:  # a scale chosen by the caller may not fit: ask the device
+    if check:
         raised = ctypes.c_int()
         call("kbit_get_range_flag", ctypes.byref(raised), 1)
         if raised.value:
-            raise KbitError(f"a block exceeds the {absmax} range at tensor_scale={ts.value}; "
-                            "pass tensor_scale=None to let kbit choose it", 4)
+            raise KbitError(f"a block does not fit the {absmax} absmax format at "
+                            f"tensor_scale={ts.value}: it holds NaN/Inf (E4M4 cannot "
+                            "represent them: use absmax='fp16' or 'fp32') or exceeds the "
+                            "range (pass tensor_scale=None to let kbit choose it)", 4)
     return QuantizedTensor(packed, am, k, tuple(dev.shape), dev.dtype, absmax, ts.value, cb)
 
 
@@ -197,10 +208,11 @@ def dequantize(q: QuantizedTensor, dtype=None, out=None):
     if out_view is None:
         raise KbitError("out must be a device array when q is on the device")
     _arrays.check_device_output(out_view, n, name, "out")
-    cb_dev = _arrays.to_device(cb, dev) if cb is not None else None
-    call("kbit_dequantize", dev.ptr, am.ptr, fmt, ctypes.c_float(q.tensor_scale),
-         _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, q.k, n,
-         _DTYPE_ID[name], out_view.ptr, _arrays.current_stream(q.packed))
+    with _arrays.device_context(dev):
+        cb_dev = _arrays.to_device(cb, dev) if cb is not None else None
+        call("kbit_dequantize", dev.ptr, am.ptr, fmt, ctypes.c_float(q.tensor_scale),
+             _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, q.k, n,
+             _DTYPE_ID[name], out_view.ptr, _arrays.current_stream(q.packed))
     return out
 
 
