@@ -133,8 +133,6 @@ int main(int argc, char **argv) {
         for (kbit_dtype t : types)
             for (int k = 2; k <= 5; ++k)
                 for (kbit_absmax_format f : fmts) {
-                    // Full grid at the largest size; the default format elsewhere.
-                    if (f != KBIT_ABSMAX_E4M4 && log2n != opt.sizes.back() && !opt.small) continue;
                     add_kbit_cases(run, n, t, k, f);
                     run.flush();
                 }
