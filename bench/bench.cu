@@ -23,35 +23,16 @@
 
 namespace {
 
-const char *kTypeName[] = {"fp32", "fp16", "bf16"};
 const char *kFmtName[] = {"fp32", "fp16", "e4m4"};
-size_t type_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
 size_t absmax_size(kbit_absmax_format f) { return f == KBIT_ABSMAX_FP32 ? 4 : (f == KBIT_ABSMAX_FP16 ? 2 : 1); }
-
-// Normal data in the input type (bf16/fp16 as raw bits), generated on the host once.
-std::vector<uint8_t> make_input(int64_t n, kbit_dtype t, uint32_t seed) {
-    std::vector<uint8_t> buf(n * type_size(t));
-    std::mt19937 gen(seed);
-    std::normal_distribution<float> dist;
-    for (int64_t i = 0; i < n; ++i) {
-        float x = dist(gen);
-        if (t == KBIT_DTYPE_FP32) {
-            std::memcpy(&buf[i * 4], &x, 4);
-        } else {
-            uint16_t h = t == KBIT_DTYPE_FP16 ? bench::f32_to_f16(x) : bench::f32_to_bf16(x);
-            std::memcpy(&buf[i * 2], &h, 2);
-        }
-    }
-    return buf;
-}
 
 // One kbit configuration: quantize and dequantize cases sharing buffers.
 void add_kbit_cases(bench::Runner &run, int64_t n, kbit_dtype t, int k, kbit_absmax_format f) {
     const int64_t nb = (n + 31) / 32;
-    const size_t in_bytes = n * type_size(t);
+    const size_t in_bytes = n * bench::type_size(t);
     const size_t packed_bytes = nb * k * 4;
     const size_t absmax_bytes = nb * absmax_size(f);
-    auto host_in = std::make_shared<std::vector<uint8_t>>(make_input(n, t, 1234 + k));
+    auto host_in = std::make_shared<std::vector<uint8_t>>(bench::normal_input(n, t, 1234 + k));
     bench::DeviceBuffer in(in_bytes), packed(packed_bytes), absmax(absmax_bytes), out(in_bytes);
     in.upload(host_in->data(), in_bytes);
     auto bufs = std::make_shared<std::vector<bench::DeviceBuffer>>();
@@ -63,7 +44,7 @@ void add_kbit_cases(bench::Runner &run, int64_t n, kbit_dtype t, int k, kbit_abs
          *d_out = (*bufs)[3].ptr;
 
     char label[160];
-    std::snprintf(label, sizeof label, "kbit K=%d %s absmax=%s", k, kTypeName[t], kFmtName[f]);
+    std::snprintf(label, sizeof label, "kbit K=%d %s absmax=%s", k, bench::type_name(t), kFmtName[f]);
 
     bench::Case q;
     q.family = "kbit";
@@ -103,13 +84,13 @@ void add_kbit_cases(bench::Runner &run, int64_t n, kbit_dtype t, int k, kbit_abs
         return kbit_dequantize(static_cast<const uint32_t *>(d_packed), d_absmax, f, 1.0f,
                                nullptr, k, n, t, d_out, s);
     };
-    d.check = [=]() {
-        std::vector<uint8_t> hp(packed_bytes), ha(absmax_bytes), want(in_bytes), got(in_bytes);
-        if (kbit_quantize_host(host_in->data(), n, t, k, nullptr, f, 1.0f, ha.data(),
-                               reinterpret_cast<uint32_t *>(hp.data())) != KBIT_SUCCESS ||
-            kbit_dequantize_host(reinterpret_cast<uint32_t *>(hp.data()), ha.data(), f, 1.0f,
+    d.check = [=]() {  // the host dequantize of the GPU's packed bytes (checked above)
+        std::vector<uint8_t> gp(packed_bytes), ga(absmax_bytes), want(in_bytes), got(in_bytes);
+        bench::download(gp.data(), d_packed, packed_bytes);
+        bench::download(ga.data(), d_absmax, absmax_bytes);
+        if (kbit_dequantize_host(reinterpret_cast<uint32_t *>(gp.data()), ga.data(), f, 1.0f,
                                  nullptr, k, n, t, want.data()) != KBIT_SUCCESS)
-            return std::string("host round trip failed: ") + kbit_last_error_message();
+            return std::string("host dequantize failed: ") + kbit_last_error_message();
         bench::download(got.data(), d_out, in_bytes);
         if (got != want) return std::string("dequantized values differ from the host");
         return std::string();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,28 @@ inline uint16_t f32_to_bf16(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);
     return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+inline const char *type_name(kbit_dtype t) {
+    return t == KBIT_DTYPE_FP32 ? "fp32" : (t == KBIT_DTYPE_FP16 ? "fp16" : "bf16");
+}
+inline size_t type_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
+
+// n values from N(0, 1) in type t (fp16/bf16 as raw bits), made on the host once.
+inline std::vector<uint8_t> normal_input(int64_t n, kbit_dtype t, uint32_t seed) {
+    std::vector<uint8_t> buf(n * type_size(t));
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> dist;
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = dist(gen);
+        if (t == KBIT_DTYPE_FP32) {
+            std::memcpy(&buf[i * 4], &x, 4);
+        } else {
+            const uint16_t h = t == KBIT_DTYPE_FP16 ? f32_to_f16(x) : f32_to_bf16(x);
+            std::memcpy(&buf[i * 2], &h, 2);
+        }
+    }
+    return buf;
 }
 
 struct DeviceBuffer {

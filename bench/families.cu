@@ -7,9 +7,6 @@
 namespace bench {
 namespace {
 
-const char *kTypeName[] = {"fp32", "fp16", "bf16"};
-size_t out_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
-
 template <class F>
 std::string compare_with_host(F &&host, const void *device_out, size_t bytes) {
     std::vector<uint8_t> want(bytes), got(bytes);
@@ -21,19 +18,9 @@ std::string compare_with_host(F &&host, const void *device_out, size_t bytes) {
 // NF4/FP4 (bitsandbytes layout), blocksize 64: quantize and dequantize.
 void add_nf4_cases(Runner &run, int64_t n, bool fp4, kbit_dtype t) {
     const int bs = 64;
-    const size_t in_bytes = n * out_size(t), packed_bytes = (n + 1) / 2,
+    const size_t in_bytes = n * type_size(t), packed_bytes = (n + 1) / 2,
                  absmax_bytes = ((n + bs - 1) / bs) * 4;
-    auto host_in = std::make_shared<std::vector<uint8_t>>(in_bytes);
-    std::mt19937 gen(7);
-    std::normal_distribution<float> dist;
-    for (int64_t i = 0; i < n; ++i) {
-        float x = dist(gen);
-        if (t == KBIT_DTYPE_FP32) std::memcpy(&(*host_in)[i * 4], &x, 4);
-        else {
-            uint16_t h = t == KBIT_DTYPE_FP16 ? f32_to_f16(x) : f32_to_bf16(x);
-            std::memcpy(&(*host_in)[i * 2], &h, 2);
-        }
-    }
+    auto host_in = std::make_shared<std::vector<uint8_t>>(normal_input(n, t, 7));
     auto bufs = std::make_shared<std::vector<DeviceBuffer>>();
     bufs->emplace_back(in_bytes);
     bufs->emplace_back(packed_bytes);
@@ -66,7 +53,7 @@ void add_nf4_cases(Runner &run, int64_t n, bool fp4, kbit_dtype t) {
     }
 #undef BENCH_PICK
     char label[96];
-    std::snprintf(label, sizeof label, "%s %s blocksize=64", fp4 ? "FP4" : "NF4", kTypeName[t]);
+    std::snprintf(label, sizeof label, "%s %s blocksize=64", fp4 ? "FP4" : "NF4", type_name(t));
 
     Case qc;
     qc.family = fp4 ? "fp4" : "nf4";
@@ -113,7 +100,7 @@ void add_gguf_case(Runner &run, int64_t n, int type, const char *name, kbit_dtyp
     if (kbit_gguf_block_info(type, &elems, &bytes) != KBIT_SUCCESS) return;
     n = n / elems * elems;
     const int64_t blocks = n / elems;
-    const size_t in_bytes = blocks * bytes, out_bytes = n * out_size(t);
+    const size_t in_bytes = blocks * bytes, out_bytes = n * type_size(t);
     auto host_in = std::make_shared<std::vector<uint8_t>>(in_bytes);
     std::mt19937 gen(11 + type);
     for (auto &b : *host_in) b = static_cast<uint8_t>(gen());
@@ -139,7 +126,7 @@ void add_gguf_case(Runner &run, int64_t n, int type, const char *name, kbit_dtyp
     c.family = "gguf";
     c.op = "dequantize";
     char label[96];
-    std::snprintf(label, sizeof label, "%s -> %s", name, kTypeName[t]);
+    std::snprintf(label, sizeof label, "%s -> %s", name, type_name(t));
     c.config = label;
     c.n = n;
     c.bytes_read = in_bytes;  // the quantized blocks as stored

@@ -41,7 +41,7 @@ def main():
             bits = (q.packed.nbytes + q.absmax.nbytes) * 8 / x.size
             rows.append({"data": name, "method": f"{quant.upper()} blocksize 64 (bitsandbytes layout)",
                          "bits": bits, "sqnr_db": sqnr_db(x, np.asarray(y, dtype=np.float32))})
-    print(f"| data | method | bits/elem | SQNR dB |\n|---|---|---|---|")
+    print("| data | method | bits/elem | SQNR dB |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['data']} | {r['method']} | {r['bits']:.2f} | {r['sqnr_db']:.2f} |")
     if args.json:

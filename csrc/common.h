@@ -183,8 +183,16 @@ struct F32 { using storage = float; static constexpr kbit_dtype dtype = KBIT_DTY
 struct F16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT_DTYPE_FP16; };
 struct BF16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT_DTYPE_BF16; };
 
+// Input conversion (exact): the hardware instructions on the GPU, bit operations on the
+// CPU.
 KBIT_HD float load_f32(F32, float v) { return v; }
-KBIT_HD float load_f32(F16, uint16_t v) { return f16_bits_to_f32(v); }
+KBIT_HD float load_f32(F16, uint16_t v) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(v));
+#else
+    return f16_bits_to_f32(v);
+#endif
+}
 KBIT_HD float load_f32(BF16, uint16_t v) { return bf16_bits_to_f32(v); }
 // Output conversion, round to nearest even: the hardware instructions on the GPU, their
 // bit-exact equivalents on the CPU (NaN included).

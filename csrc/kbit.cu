@@ -39,11 +39,6 @@ __device__ __forceinline__ float codebook_entry(const float *cb, const CodebookP
     return cb ? cb[i] : def.v[i];
 }
 
-// Element loads with the hardware conversions (same bits as common.h's).
-__device__ __forceinline__ float dev_load(F32, float v) { return v; }
-__device__ __forceinline__ float dev_load(F16, uint16_t v) { return __half2float(__ushort_as_half(v)); }
-__device__ __forceinline__ float dev_load(BF16, uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
-
 // Packs 8 floats into 16 bytes of T.
 __device__ __forceinline__ void store8(F16, uint16_t *out, const float (&v)[8]) {
     uint4 q;
@@ -249,7 +244,7 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
             load8(T{}, in + e0, x);
         } else {
 #pragma unroll
-            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? dev_load(T{}, in[e0 + e]) : 0.0f;
+            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, in[e0 + e]) : 0.0f;
         }
 
         uint32_t amax_bits = 0;
@@ -470,18 +465,10 @@ kbit_status quantize_entry(const void *input, int64_t n, const float *codebook,
     KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
                             packed));
     if (n == 0) return KBIT_SUCCESS;
-    cudaError_t err;
-    switch (fmt) {
-        case KBIT_ABSMAX_FP32:
-            err = launch_quantize<T, K, KBIT_ABSMAX_FP32>(input, n, codebook, ts, absmax, packed, stream);
-            break;
-        case KBIT_ABSMAX_FP16:
-            err = launch_quantize<T, K, KBIT_ABSMAX_FP16>(input, n, codebook, ts, absmax, packed, stream);
-            break;
-        default:
-            err = launch_quantize<T, K, KBIT_ABSMAX_E4M4>(input, n, codebook, ts, absmax, packed, stream);
-            break;
-    }
+    const cudaError_t err = with_format(fmt, [&](auto f) {
+        return launch_quantize<T, K, decltype(f)::value>(input, n, codebook, ts, absmax, packed,
+                                                        stream);
+    });
     return cuda_status(err, "kbit quantize launch");
 }
 
@@ -492,18 +479,10 @@ kbit_status dequantize_entry(const uint32_t *packed, const void *absmax, kbit_ab
     KBIT_TRY(check_dequantize(packed, absmax, fmt, ts, codebook, n, output,
                               sizeof(typename T::storage)));
     if (n == 0) return KBIT_SUCCESS;
-    cudaError_t err;
-    switch (fmt) {
-        case KBIT_ABSMAX_FP32:
-            err = launch_dequantize<T, K, KBIT_ABSMAX_FP32>(packed, absmax, ts, codebook, n, output, stream);
-            break;
-        case KBIT_ABSMAX_FP16:
-            err = launch_dequantize<T, K, KBIT_ABSMAX_FP16>(packed, absmax, ts, codebook, n, output, stream);
-            break;
-        default:
-            err = launch_dequantize<T, K, KBIT_ABSMAX_E4M4>(packed, absmax, ts, codebook, n, output, stream);
-            break;
-    }
+    const cudaError_t err = with_format(fmt, [&](auto f) {
+        return launch_dequantize<T, K, decltype(f)::value>(packed, absmax, ts, codebook, n,
+                                                          output, stream);
+    });
     return cuda_status(err, "kbit dequantize launch");
 }
 
@@ -514,7 +493,7 @@ absmax_kernel(const typename T::storage *__restrict__ in, int64_t n, unsigned in
     uint32_t m = 0;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const uint32_t a = abs_bits(dev_load(T{}, in[i]));
+        const uint32_t a = abs_bits(load_f32(T{}, in[i]));
         if (bits_finite(a) && a > m) m = a;
     }
     m = __reduce_max_sync(kFull, m);
@@ -621,9 +600,9 @@ KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n, kbi
         KBIT_TRY(kbit::cuda_status(cudaMallocAsync(&result, sizeof *result, stream), "cudaMallocAsync"));
         cudaError_t err = cudaMemsetAsync(result, 0, sizeof *result, stream);
         if (err == cudaSuccess) {
-            err = dtype == KBIT_DTYPE_FP32   ? kbit::launch_absmax<kbit::F32>(input, n, result, stream)
-                  : dtype == KBIT_DTYPE_FP16 ? kbit::launch_absmax<kbit::F16>(input, n, result, stream)
-                                             : kbit::launch_absmax<kbit::BF16>(input, n, result, stream);
+            err = kbit::with_dtype(dtype, [&](auto tag) {
+                return kbit::launch_absmax<decltype(tag)>(input, n, result, stream);
+            });
         }
         unsigned int bits = 0;
         if (err == cudaSuccess)

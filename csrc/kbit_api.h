@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "common.h"
 
@@ -14,6 +15,27 @@
     KBIT_FOR_EACH_K(X, kbit::F32, fp32)
 
 namespace kbit {
+
+// Calls f(std::integral_constant<kbit_absmax_format, F>{}) for the run-time format
+// (validated beforehand), so one call site instantiates all three.
+template <class Fn>
+auto with_format(kbit_absmax_format fmt, Fn &&f) {
+    switch (fmt) {
+        case KBIT_ABSMAX_FP32: return f(std::integral_constant<kbit_absmax_format, KBIT_ABSMAX_FP32>{});
+        case KBIT_ABSMAX_FP16: return f(std::integral_constant<kbit_absmax_format, KBIT_ABSMAX_FP16>{});
+        default: return f(std::integral_constant<kbit_absmax_format, KBIT_ABSMAX_E4M4>{});
+    }
+}
+
+// Calls f(tag) with the element type tag (F32, F16, BF16) of a validated dtype.
+template <class Fn>
+auto with_dtype(kbit_dtype dtype, Fn &&f) {
+    switch (dtype) {
+        case KBIT_DTYPE_FP32: return f(F32{});
+        case KBIT_DTYPE_FP16: return f(F16{});
+        default: return f(BF16{});
+    }
+}
 
 inline size_t absmax_align(kbit_absmax_format f) {
     return f == KBIT_ABSMAX_FP32 ? 4 : (f == KBIT_ABSMAX_FP16 ? 2 : 1);

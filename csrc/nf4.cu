@@ -55,21 +55,6 @@ DynamicMap builtin_map() {
     return m;
 }
 
-// Element loads / stores with the hardware conversions (the host matches their bits).
-__device__ __forceinline__ float dev_load(F32, float v) { return v; }
-__device__ __forceinline__ float dev_load(F16, uint16_t v) {
-    return __half2float(__ushort_as_half(v));
-}
-__device__ __forceinline__ float dev_load(BF16, uint16_t v) {
-    return __uint_as_float(static_cast<uint32_t>(v) << 16);
-}
-__device__ __forceinline__ uint16_t dev_store(F16, float v) {
-    return __half_as_ushort(__float2half_rn(v));
-}
-__device__ __forceinline__ uint16_t dev_store(BF16, float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
 __device__ __forceinline__ uint32_t pack2(F16, float a, float b) {
     __half2 h = __floats2half2_rn(a, b);  // a in the low half: the lower address
     return *reinterpret_cast<uint32_t *>(&h);
@@ -94,7 +79,7 @@ template <class T>
 __device__ __forceinline__ void unpack_chunk(const uint4 &q, float (&x)[Chunk<T>::E]) {
     const typename T::storage *e = reinterpret_cast<const typename T::storage *>(&q);
 #pragma unroll
-    for (int k = 0; k < Chunk<T>::E; ++k) x[k] = dev_load(T{}, e[k]);
+    for (int k = 0; k < Chunk<T>::E; ++k) x[k] = load_f32(T{}, e[k]);
 }
 
 // The E input elements of chunk i0 (an element index), zero past n.
@@ -107,7 +92,7 @@ __device__ __forceinline__ void load_chunk(const typename T::storage *__restrict
         unpack_chunk<T>(__ldg(reinterpret_cast<const uint4 *>(in + i0)), x);
     } else {
 #pragma unroll
-        for (int k = 0; k < E; ++k) x[k] = i0 + k < n ? dev_load(T{}, in[i0 + k]) : 0.0f;
+        for (int k = 0; k < E; ++k) x[k] = i0 + k < n ? load_f32(T{}, in[i0 + k]) : 0.0f;
     }
 }
 
@@ -128,7 +113,7 @@ __device__ __forceinline__ void store_chunk(T, uint16_t *out, int64_t i0, int64_
                                    pack2(T{}, v[4], v[5]), pack2(T{}, v[6], v[7]));
         __stcs(reinterpret_cast<uint4 *>(out + i0), q);  // streaming: written once
     } else {
-        for (int k = 0; k < 8 && i0 + k < n; ++k) out[i0 + k] = dev_store(T{}, v[k]);
+        for (int k = 0; k < 8 && i0 + k < n; ++k) out[i0 + k] = store_cast(T{}, v[k]);
     }
 }
 

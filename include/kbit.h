@@ -201,7 +201,6 @@ KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *ab
 /*! Writes the built-in normal-float codebook for k (2^k floats) to host memory. */
 KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook);
 
-/* @@NF4-BEGIN@@ (NF4 / FP4 declarations: owned by csrc/nf4.cu) */
 /* ---------------------------------------------------------------------------------
  * NF4 / FP4: bitsandbytes-compatible 4-bit blockwise quantization (SPEC section 2)
  *
@@ -321,9 +320,7 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
                                                      const float *absmax2,
                                                      const float *code, const float *offset,
                                                      int64_t count, float *absmax);
-/* @@NF4-END@@ */
 
-/* @@GGUF-BEGIN@@ (GGUF declarations: owned by csrc/gguf.cu) */
 /* ---------------------------------------------------------------------------------
  * GGUF (ggml) blocks (SPEC section 3): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K exactly as ggml
  * stores them (QK_K = 256), dequantized in ggml's element order.
@@ -382,7 +379,6 @@ KBIT_API kbit_status kbit_gguf_dequantize(int ggml_type, const void *blocks, int
 KBIT_API kbit_status kbit_gguf_dequantize_host(int ggml_type, const void *blocks,
                                                int64_t n, kbit_dtype dtype,
                                                void *output);
-/* @@GGUF-END@@ */
 
 #ifdef __cplusplus
 } /* extern "C" */

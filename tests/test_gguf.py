@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as _gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-import kbit
 from kbit import gguf as kg
 from kbit._lib import KbitError, lib
 from kbit.reference import gguf as rg

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import kbit
-from kbit import reference as R
 from kbit._lib import function
 from conftest import requires_gpu
 from test_kbit import DT_ID, FMT_ID, FORMATS, KS, STATUS, host_dequantize, host_quantize, \

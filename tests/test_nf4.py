@@ -2,8 +2,6 @@
 numpy reference against the library's CPU path, the GPU against the CPU bit for bit,
 double quantization, bad input on every entry point, the Python API, and (when
 bitsandbytes is installed next to a GPU) the bytes of bitsandbytes itself."""
-import ctypes
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -331,23 +329,30 @@ def test_quantize_absmax_host_matches_reference(rng):
                 assert np.max(np.abs(got - a)) <= 0.02 * np.max(np.abs(a - off)) + 1e-7
 
 
+def host_nested_roundtrip(qt, tag, x, bs):
+    """Host quantize, double-quantize the absmax (mean offset), host dequantize.
+    Returns (packed, qabsmax, absmax2, offset array, output bytes)."""
+    n = x.size
+    packed, absmax = host_quantize(qt, tag, x, bs)
+    offa = np.array([ref.absmax_mean(absmax)], np.float32)
+    q, a2 = host_quantize_absmax(absmax, offa[0])
+    out = poisoned(n, NP_DTYPE[tag])
+    rc = fn(f"cdequantize_{qt}_dq_{tag}_host")(packed.ctypes.data, q.ctypes.data,
+                                               a2.ctypes.data, None, offa.ctypes.data,
+                                               n, bs, out.ctypes.data)
+    assert rc == S_OK and np.all(out[n * ITEMSIZE[tag]:] == POISON)
+    return packed, q, a2, offa, out[:n * ITEMSIZE[tag]]
+
+
 @pytest.mark.parametrize("tag", TAGS)
 @pytest.mark.parametrize("qt", QTYPES)
 def test_host_dequantize_dq_matches_reference(rng, qt, tag):
     for bs in (32, 64, 1024):
         for n in (1, 33, 4097, 40_000):
             x = random_input(rng, n, tag)
-            packed, absmax = host_quantize(qt, tag, x, bs)
-            off = ref.absmax_mean(absmax)
-            q, a2 = host_quantize_absmax(absmax, off)
-            offa = np.array([off], np.float32)
-            out = poisoned(n, NP_DTYPE[tag])
-            rc = fn(f"cdequantize_{qt}_dq_{tag}_host")(packed.ctypes.data, q.ctypes.data,
-                                                       a2.ctypes.data, None, offa.ctypes.data,
-                                                       n, bs, out.ctypes.data)
-            assert rc == S_OK and np.all(out[n * ITEMSIZE[tag]:] == POISON)
-            expected = ref.dequantize_4bit_dq(packed, q, a2, off, n, qt, bs, OUT_DTYPE[tag])
-            assert np.array_equal(out[:n * ITEMSIZE[tag]], bits(expected)), (bs, n)
+            packed, q, a2, offa, out = host_nested_roundtrip(qt, tag, x, bs)
+            expected = ref.dequantize_4bit_dq(packed, q, a2, offa[0], n, qt, bs, OUT_DTYPE[tag])
+            assert np.array_equal(out, bits(expected)), (bs, n)
 
 
 # ----------------------------------------------------------------------------------
@@ -682,20 +687,12 @@ def test_gpu_double_quantization_matches_host(rng):
         for tag in TAGS:
             n, bs = 70_001, 64
             x = random_input(rng, n, tag)
-            pk, am = host_quantize(qt, tag, x, bs)
-            off = ref.absmax_mean(am)
-            hq, ha2 = host_quantize_absmax(am, off)
-            offa = np.array([off], np.float32)
-            hout = poisoned(n, NP_DTYPE[tag])
-            assert fn(f"cdequantize_{qt}_dq_{tag}_host")(pk.ctypes.data, hq.ctypes.data,
-                                                         ha2.ctypes.data, None, offa.ctypes.data,
-                                                         n, bs, hout.ctypes.data) == S_OK
+            pk, hq, ha2, offa, hout = host_nested_roundtrip(qt, tag, x, bs)
             tensors = [torch.from_numpy(v).cuda() for v in (pk, hq, ha2, offa)]
             obuf, optr = _gpu_out(n * ITEMSIZE[tag])
             assert fn(f"cdequantize_{qt}_dq_{tag}")(*(t.data_ptr() for t in tensors[:3]), None,
                                                     tensors[3].data_ptr(), n, bs, optr, None) == S_OK
-            assert np.array_equal(_check_guard(obuf, n * ITEMSIZE[tag]),
-                                  hout[:n * ITEMSIZE[tag]])
+            assert np.array_equal(_check_guard(obuf, n * ITEMSIZE[tag]), hout)
 
 
 @requires_gpu

@@ -1,10 +1,9 @@
 // GGUF (ggml) block dequantization on the CPU: the `_host` twins of csrc/gguf.cu,
 // decoding through the same per-group math (csrc/gguf.h), so the bits are identical.
 #include <algorithm>
-#include <thread>
-#include <vector>
 
 #include "../gguf.h"
+#include "parallel.h"
 
 namespace kbit {
 namespace gguf {
@@ -34,31 +33,10 @@ static kbit_status dequantize_host(const void *blocks, int64_t n, void *output) 
     auto *out = static_cast<typename T::storage *>(output);
     const int64_t n_blocks = n / Fmt::kElems;
     // Large tensors (whole-model loads on the CPU) are split over the cores.
-    constexpr int64_t kElemsPerThread = int64_t(1) << 21;
-    const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
-    const int64_t n_threads = std::min<int64_t>(std::min<int64_t>(hw, 32), n / kElemsPerThread);
-    if (n_threads <= 1) {
-        dequantize_range<Fmt, T>(in, 0, n_blocks, out);
-        return KBIT_SUCCESS;
-    }
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(n_threads));
-    const int64_t per = (n_blocks + n_threads - 1) / n_threads;
-    try {
-        for (int64_t t = 1; t < n_threads; ++t) {
-            const int64_t b0 = std::min(n_blocks, t * per), b1 = std::min(n_blocks, b0 + per);
-            pool.emplace_back(dequantize_range<Fmt, T>, in, b0, b1, out);
-        }
-    } catch (...) {
-        // Could not start every thread: finish the rest here.
-        for (auto &th : pool) th.join();
-        const int64_t done_from = static_cast<int64_t>(pool.size() + 1) * per;
-        dequantize_range<Fmt, T>(in, 0, std::min(n_blocks, per), out);
-        dequantize_range<Fmt, T>(in, std::min(n_blocks, done_from), n_blocks, out);
-        return KBIT_SUCCESS;
-    }
-    dequantize_range<Fmt, T>(in, 0, std::min(n_blocks, per), out);
-    for (auto &th : pool) th.join();
+    const int64_t blocks_per_thread = std::max<int64_t>(1, (int64_t{1} << 21) / Fmt::kElems);
+    parallel_for(n_blocks, blocks_per_thread, [&](int64_t b0, int64_t b1) {
+        dequantize_range<Fmt, T>(in, b0, b1, out);
+    });
     return KBIT_SUCCESS;
 }
 

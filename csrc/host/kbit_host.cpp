@@ -3,14 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "../kbit_api.h"
 #include "../kbit_format.h"
+#include "parallel.h"
 
 namespace kbit {
 namespace {
+
+constexpr int64_t kBlocksPerThread = 4096;  // below this a thread costs more than it saves
 
 // Sorted distinct entries (by value, then index), midpoints, ties and bin starts.
 SearchTable build_search_table(const float *cb, int m) {
@@ -38,36 +40,6 @@ SearchTable build_search_table(const float *cb, int m) {
     return tab;
 }
 
-// Runs body(first, last) over [0, blocks) split across the machine's cores (blocks are
-// independent, so the result does not depend on the split). Small inputs stay on the
-// calling thread.
-template <class Body>
-void parallel_blocks(int64_t blocks, Body &&body) {
-    const int64_t min_per_thread = 4096;
-    int threads = static_cast<int>(std::min<int64_t>(
-        std::max(1u, std::thread::hardware_concurrency()), blocks / min_per_thread));
-    threads = std::min(threads, 32);
-    if (threads <= 1) {
-        body(int64_t{0}, blocks);
-        return;
-    }
-    std::vector<std::thread> pool;
-    const int64_t chunk = (blocks + threads - 1) / threads;
-    int64_t started = chunk;  // [chunk, started) runs on the pool
-    try {
-        pool.reserve(threads - 1);
-        for (; started < blocks; started += chunk) {
-            const int64_t first = started, last = std::min(blocks, first + chunk);
-            pool.emplace_back([&body, first, last] { body(first, last); });
-        }
-    } catch (...) {
-        // No more threads: the calling thread does what was not handed out.
-    }
-    body(int64_t{0}, std::min(blocks, chunk));
-    if (started < blocks) body(started, blocks);
-    for (auto &th : pool) th.join();
-}
-
 const float *resolve_codebook(const float *codebook, int k) {
     return codebook ? codebook : kNormalFloat[k];
 }
@@ -80,6 +52,8 @@ enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
 template <int K>
 BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
                     float ts, void *absmax, int64_t b, uint32_t *words) {
+    uint8_t codes[kBlock];
+    bool have_codes = false;
     uint32_t amax_bits = 0;
     for (int i = 0; i < valid; ++i) amax_bits = std::max(amax_bits, abs_bits(x[i]));
     const bool finite = bits_finite(amax_bits);
@@ -108,15 +82,20 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
                 const float dc = e4m4_decode(c);
                 const float inv = e4m4_inverse(rcp_rn(dc), rcp_ts);
                 float run[kBlock / kRun] = {};
+                uint8_t cand[kBlock];
                 for (int i = 0; i < valid; ++i) {
-                    float v = scaled(x[i], inv);
-                    run[i / kRun] = add_error(run[i / kRun], v, search_nearest(tab, v).value);
+                    const float v = scaled(x[i], inv);
+                    const Nearest near = search_nearest(tab, v);
+                    run[i / kRun] = add_error(run[i / kRun], v, near.value);
+                    cand[i] = static_cast<uint8_t>(near.code);
                 }
                 const float total = add_rn(add_rn(run[0], run[1]), add_rn(run[2], run[3]));
                 const float score = mul_rn(total, mul_rn(dc, dc));
-                if (score < best_score) {
+                if (score < best_score) {  // the codes of the chosen scale are final
                     best_score = score;
                     best = c;
+                    std::copy(cand, cand + valid, codes);
+                    have_codes = true;
                 }
             }
         }
@@ -124,15 +103,17 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
         dec = e4m4_decode(best);
     }
 
-    const bool searched = fmt == KBIT_ABSMAX_E4M4 && finite && !over && dec > 0.0f;
-    const float inv = !finite    ? 0.0f
-                      : searched ? e4m4_inverse(rcp_rn(dec), rcp_rn(ts))
-                                 : inverse_scale(mul_rn(dec, ts));
-    for (int j = 0; j < K; ++j) words[j] = 0;
-    for (int i = 0; i < valid && finite; ++i) {
-        uint32_t code = static_cast<uint32_t>(search_nearest(tab, scaled(x[i], inv)).code);
-        for (int j = 0; j < K; ++j) words[j] |= ((code >> j) & 1u) << i;
+    if (!have_codes) {  // no scale searched (or none chosen): codes against the stored one
+        const bool searched = fmt == KBIT_ABSMAX_E4M4 && finite && !over && dec > 0.0f;
+        const float inv = !finite    ? 0.0f
+                          : searched ? e4m4_inverse(rcp_rn(dec), rcp_rn(ts))
+                                     : inverse_scale(mul_rn(dec, ts));
+        for (int i = 0; i < valid; ++i)
+            codes[i] = finite ? static_cast<uint8_t>(search_nearest(tab, scaled(x[i], inv)).code) : 0;
     }
+    for (int j = 0; j < K; ++j) words[j] = 0;
+    for (int i = 0; i < valid; ++i)
+        for (int j = 0; j < K; ++j) words[j] |= ((codes[i] >> j) & 1u) << i;
     if (!finite && fmt == KBIT_ABSMAX_E4M4) return kNonFiniteE4M4;
     return over ? kOverRange : kFits;
 }
@@ -151,7 +132,7 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
     const auto *in = static_cast<const typename T::storage *>(input);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     std::atomic<int64_t> over{0}, nonfinite{0};
-    parallel_blocks(blocks, [&](int64_t first, int64_t last) {
+    parallel_for(blocks, kBlocksPerThread, [&](int64_t first, int64_t last) {
         int64_t local_over = 0, local_nonfinite = 0;
         float x[kBlock];
         for (int64_t b = first; b < last; ++b) {
@@ -186,7 +167,7 @@ kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_abs
     const float *cb = resolve_codebook(codebook, K);
     auto *out = static_cast<typename T::storage *>(output);
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    parallel_blocks(blocks, [&](int64_t first, int64_t last) {
+    parallel_for(blocks, kBlocksPerThread, [&](int64_t first, int64_t last) {
         for (int64_t b = first; b < last; ++b) {
             const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
             const uint32_t *w = packed + b * K;
@@ -287,15 +268,15 @@ KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n
             return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
         KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));
         if (n > 0) KBIT_TRY(kbit::check_ptr(input, "input", kbit::dtype_size(dtype)));
-        uint32_t amax = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            float x = dtype == KBIT_DTYPE_FP32 ? static_cast<const float *>(input)[i]
-                      : dtype == KBIT_DTYPE_FP16
-                          ? kbit::f16_bits_to_f32(static_cast<const uint16_t *>(input)[i])
-                          : kbit::bf16_bits_to_f32(static_cast<const uint16_t *>(input)[i]);
-            uint32_t a = kbit::abs_bits(x);
-            if (kbit::bits_finite(a)) amax = std::max(amax, a);
-        }
+        const uint32_t amax = kbit::with_dtype(dtype, [&](auto tag) {
+            const auto *in = static_cast<const typename decltype(tag)::storage *>(input);
+            uint32_t m = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const uint32_t a = kbit::abs_bits(kbit::load_f32(tag, in[i]));
+                if (kbit::bits_finite(a)) m = std::max(m, a);
+            }
+            return m;
+        });
         *tensor_scale = kbit::tensor_scale_for(kbit::f32_from_bits(amax), absmax_format);
         return KBIT_SUCCESS;
     });

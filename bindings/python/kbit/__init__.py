@@ -6,10 +6,12 @@ truth for every format.
 """
 from ._lib import KbitError, cuda_available, version
 from .core import QuantizedTensor, default_codebook, dequantize, quantize
-# @@FAMILY-IMPORTS@@ (one line per format family)
-from .nf4 import Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4, quantize_4bit, quantize_fp4, quantize_nf4  # noqa: F401,E501
-from . import gguf  # noqa: F401  (kbit.gguf.load, kbit.gguf.dequantize)
+from .nf4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4,
+                  quantize_4bit, quantize_fp4, quantize_nf4)
+from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
 
-__all__ = ["KbitError", "QuantizedTensor", "cuda_available", "default_codebook",
-           "dequantize", "quantize", "version"]
+__all__ = ["KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
+           "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
+           "dequantize_nf4", "gguf", "quantize", "quantize_4bit", "quantize_fp4",
+           "quantize_nf4", "version"]
 __version__ = "0.1.0"

@@ -238,6 +238,31 @@ def check_device_output(arr: DeviceArray, size: int, dtype: str, what: str):
         raise KbitError(f"{what} must have {size} elements, got {arr.size}")
 
 
+def host_output(out, shape, dtype: str) -> np.ndarray:
+    """The numpy output of a dequantize: `out` checked, or a new array of `shape`.
+    bfloat16 results are uint16 bit patterns."""
+    np_dtype = "uint16" if dtype == "bfloat16" else dtype
+    size = int(np.prod(shape, dtype=np.int64))
+    if out is None:
+        return np.empty(shape, dtype=np_dtype)
+    if (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != size
+            or not out.flags.c_contiguous):
+        raise KbitError(f"out must be a contiguous numpy array of {size} {np_dtype}")
+    return out
+
+
+def device_output(out, like: DeviceArray, shape, dtype: str):
+    """The device output of a dequantize and its view: `out` checked, or a new array of
+    `shape` on like's device."""
+    if out is None:
+        out = empty_device(like, shape, dtype)
+    view = device_view(out)
+    if view is None:
+        raise KbitError("out must be a device array when the input is on the device")
+    check_device_output(view, int(np.prod(shape, dtype=np.int64)), dtype, "out")
+    return out, view
+
+
 def to_device(host: np.ndarray, like: DeviceArray):
     """Copies a small host array to like's device with an available framework."""
     mod = type(like.owner).__module__.split(".")[0]

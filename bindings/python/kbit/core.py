@@ -187,12 +187,7 @@ def dequantize(q: QuantizedTensor, dtype=None, out=None):
         packed = np.ascontiguousarray(q.packed, dtype=np.uint32)
         am = np.ascontiguousarray(q.absmax, dtype=_ABSMAX_NP[q.absmax_format])
         _check_sizes(packed.size, am.size, q)
-        np_dtype = "uint16" if name == "bfloat16" else name
-        if out is None:
-            out = np.empty(q.shape, dtype=np_dtype)
-        elif not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != n \
-                or not out.flags.c_contiguous:
-            raise KbitError(f"out must be a contiguous numpy array of {n} {np_dtype}")
+        out = _arrays.host_output(out, q.shape, name)
         call("kbit_dequantize_host", packed.ctypes.data, am.ctypes.data, fmt,
              ctypes.c_float(q.tensor_scale), cb.ctypes.data if cb is not None else None, q.k,
              n, _DTYPE_ID[name], out.ctypes.data)
@@ -202,12 +197,7 @@ def dequantize(q: QuantizedTensor, dtype=None, out=None):
     if am is None:
         raise KbitError("packed is on the device but absmax is not")
     _check_sizes(dev.size, am.size, q)
-    if out is None:
-        out = _arrays.empty_device(dev, q.shape, name)
-    out_view = _arrays.device_view(out)
-    if out_view is None:
-        raise KbitError("out must be a device array when q is on the device")
-    _arrays.check_device_output(out_view, n, name, "out")
+    out, out_view = _arrays.device_output(out, dev, q.shape, name)
     with _arrays.device_context(dev):
         cb_dev = _arrays.to_device(cb, dev) if cb is not None else None
         call("kbit_dequantize", dev.ptr, am.ptr, fmt, ctypes.c_float(q.tensor_scale),

@@ -109,12 +109,7 @@ def dequantize(blocks, ggml_type, n: int, dtype="float32", out=None):
         if raw.nbytes != need:
             raise KbitError(f"{n} {_ggml_name(tid)} elements take {need} bytes of blocks, "
                             f"got {raw.nbytes}")
-        np_dtype = "uint16" if name == "bfloat16" else name
-        if out is None:
-            out = np.empty(n, dtype=np_dtype)
-        elif (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != n
-              or not out.flags.c_contiguous):
-            raise KbitError(f"out must be a contiguous numpy array of {n} {np_dtype}")
+        out = _arrays.host_output(out, (n,), name)
         call("kbit_gguf_dequantize_host", tid, raw.ctypes.data, n, _DTYPE_ID[name],
              out.ctypes.data)
         return out
@@ -122,12 +117,7 @@ def dequantize(blocks, ggml_type, n: int, dtype="float32", out=None):
     if dev.nbytes != need:
         raise KbitError(f"{n} {_ggml_name(tid)} elements take {need} bytes of blocks, "
                         f"got {dev.nbytes}")
-    if out is None:
-        out = _arrays.empty_device(dev, (n,), name)
-    out_view = _arrays.device_view(out)
-    if out_view is None:
-        raise KbitError("out must be a device array when blocks are on the device")
-    _arrays.check_device_output(out_view, n, name, "out")
+    out, out_view = _arrays.device_output(out, dev, (n,), name)
     call("kbit_gguf_dequantize", tid, dev.ptr, n, _DTYPE_ID[name], out_view.ptr,
          _arrays.current_stream(blocks))
     return out

@@ -127,21 +127,6 @@ def _host_input(x, dtype):
     return arr, arr.dtype.name
 
 
-def _to_device(a: np.ndarray, like: _arrays.DeviceArray):
-    """A device copy of host array a, made with like's framework (PyTorch or CuPy)."""
-    mod = type(like.owner).__module__.split(".")[0]
-    a = np.ascontiguousarray(a)
-    if mod == "cupy":
-        import cupy
-        with cupy.cuda.Device(like.device_id):
-            return cupy.asarray(a)
-    try:
-        import torch
-    except ImportError:
-        raise KbitError("cannot copy to the device: pass device arrays") from None
-    return torch.from_numpy(a).to(f"cuda:{like.device_id}")
-
-
 def quantize_4bit(x, quant_type: str = "nf4", blocksize: int = 64,
                   compress_statistics: bool = False, dtype=None) -> Quantized4bit:
     """Quantizes x as bitsandbytes' quantize_4bit does, to the same bytes.
@@ -257,12 +242,7 @@ def dequantize_4bit(q: Quantized4bit, out=None, dtype=None):
             if q.code is not None:
                 arrays["code"] = _host_bytes(q.code, "float32")
         _check_state(q, {k: v.nbytes for k, v in arrays.items()})
-        np_dtype = "uint16" if name == "bfloat16" else name
-        if out is None:
-            out = np.empty(q.shape, dtype=np_dtype)
-        elif (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != n
-              or not out.flags.c_contiguous):
-            raise KbitError(f"out must be a contiguous numpy array of {n} {np_dtype}")
+        out = _arrays.host_output(out, q.shape, name)
         if q.nested:
             code = arrays.get("code")
             call(f"cdequantize_{q.quant_type}_dq_{tag}_host", arrays["packed"].ctypes.data,
@@ -286,17 +266,12 @@ def dequantize_4bit(q: Quantized4bit, out=None, dtype=None):
             if key in ("absmax", "absmax2") and not isinstance(arr, np.ndarray):
                 raise KbitError(f"packed is on the device but {key} is not")
             dtype_k = "uint8" if key == "absmax" and q.nested else "float32"
-            arr = _to_device(np.asarray(arr, dtype=dtype_k).reshape(-1), dev)
+            arr = _arrays.to_device(np.asarray(arr, dtype=dtype_k).reshape(-1), dev)
             parts[key] = arr
             v = _arrays.device_view(arr)
         views[key] = v
     _check_state(q, {k: v.nbytes for k, v in views.items()})
-    if out is None:
-        out = _arrays.empty_device(dev, q.shape, name)
-    ov = _arrays.device_view(out)
-    if ov is None:
-        raise KbitError("out must be a device array when q is on the device")
-    _arrays.check_device_output(ov, n, name, "out")
+    out, ov = _arrays.device_output(out, dev, q.shape, name)
     stream = _arrays.current_stream(q.packed)
     if q.nested:
         code = views.get("code")
