@@ -32,7 +32,7 @@ void add_kbit_cases(bench::Runner &run, int64_t n, kbit_dtype t, int k, kbit_abs
     const size_t in_bytes = n * bench::type_size(t);
     const size_t packed_bytes = nb * k * 4;
     const size_t absmax_bytes = nb * absmax_size(f);
-    auto host_in = std::make_shared<std::vector<uint8_t>>(bench::normal_input(n, t, 1234 + k));
+    auto host_in = bench::normal_input(n, t, 1234);
     bench::DeviceBuffer in(in_bytes), packed(packed_bytes), absmax(absmax_bytes), out(in_bytes);
     in.upload(host_in->data(), in_bytes);
     auto bufs = std::make_shared<std::vector<bench::DeviceBuffer>>();

@@ -50,8 +50,8 @@ inline const char *type_name(kbit_dtype t) {
 }
 inline size_t type_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
 
-// n values from N(0, 1) in type t (fp16/bf16 as raw bits), made on the host once.
-inline std::vector<uint8_t> normal_input(int64_t n, kbit_dtype t, uint32_t seed) {
+// n values from N(0, 1) in type t (fp16/bf16 as raw bits), made on the host.
+inline std::vector<uint8_t> make_normal_input(int64_t n, kbit_dtype t, uint32_t seed) {
     std::vector<uint8_t> buf(n * type_size(t));
     std::mt19937 gen(seed);
     std::normal_distribution<float> dist;
@@ -65,6 +65,19 @@ inline std::vector<uint8_t> normal_input(int64_t n, kbit_dtype t, uint32_t seed)
         }
     }
     return buf;
+}
+
+// The same, made once per (n, type, seed) and shared: generating 2^28 normals takes
+// seconds, and every K and absmax format of a size reads the same input. The cache
+// holds one size at a time.
+inline std::shared_ptr<const std::vector<uint8_t>> normal_input(int64_t n, kbit_dtype t,
+                                                                uint32_t seed) {
+    static std::map<std::pair<int, uint32_t>, std::shared_ptr<const std::vector<uint8_t>>> cache;
+    static int64_t cached_n = -1;
+    if (n != cached_n) cache.clear(), cached_n = n;
+    auto &slot = cache[{static_cast<int>(t), seed}];
+    if (!slot) slot = std::make_shared<const std::vector<uint8_t>>(make_normal_input(n, t, seed));
+    return slot;
 }
 
 struct DeviceBuffer {

@@ -20,7 +20,7 @@ void add_nf4_cases(Runner &run, int64_t n, bool fp4, kbit_dtype t) {
     const int bs = 64;
     const size_t in_bytes = n * type_size(t), packed_bytes = (n + 1) / 2,
                  absmax_bytes = ((n + bs - 1) / bs) * 4;
-    auto host_in = std::make_shared<std::vector<uint8_t>>(normal_input(n, t, 7));
+    auto host_in = normal_input(n, t, 7);
     auto bufs = std::make_shared<std::vector<DeviceBuffer>>();
     bufs->emplace_back(in_bytes);
     bufs->emplace_back(packed_bytes);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (make gpu-check): build for sm_90, every test with the GPU on,
-# compute-sanitizer memcheck and racecheck on a small case, then the benchmark.
+# compute-sanitizer memcheck and racecheck on a small case, the demo, then the benchmark.
 # Every step runs even if an earlier one failed; logs go to $OUT; exits non-zero if any
 # step failed. Usage: bench/gpu_check.sh BUILD_DIR OUT_DIR BENCH_SIZES
 set -uo pipefail
@@ -25,6 +25,7 @@ step ctest ctest --test-dir "$BUILD" --output-on-failure
 step pytest "$PYTHON" -m pytest tests -q -rs
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
+step demo make demo BUILD="$BUILD"
 step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
 if [ ${#failed[@]} -ne 0 ]; then echo "gpu-check FAILED: ${failed[*]}"; exit 1; fi
 echo "gpu-check passed"
