@@ -3,8 +3,8 @@
 // Quantize: a warp takes 8 blocks of 32 at a time, 4 lanes per block with 8 elements
 // each (16-byte loads). The absmax is a 4-lane max, the E4M4 scale is chosen among 4
 // candidate codes by the least squared error (summed in a fixed order, so the CPU makes
-// the same choice), each element gets the nearest codebook entry through a
-// shared-memory search table, and the 4 lanes build the K bit-plane words with a byte
+// the same choice), each element gets the nearest codebook entry from one 16-byte
+// shared-memory table entry, and the 4 lanes build the K bit-plane words with a byte
 // gather and a 4x4 shuffle transpose (measured faster than __ballot_sync here, see
 // bench/RESULTS.md).
 //
@@ -25,8 +25,12 @@ namespace {
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileBlocks = 8;      // dequantize: blocks per warp iteration (32 x 8 elems)
+constexpr int kTileBlocks = 8;  // blocks per warp tile, quantize and dequantize
 constexpr int kTileElems = kTileBlocks * kBlock;
+// Dequantize launches one tile per warp, enough CTAs to cover about 2^30 elements before
+// it grid-strides: short-lived CTAs keep every SM's loads in flight, where long-lived
+// ones that loop wait on each iteration's loads (measured: bench/RESULTS.md).
+constexpr int kDequantCtasPerSm = 4096;
 
 __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-range block
 
@@ -34,10 +38,6 @@ __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-ran
 struct CodebookParam {
     float v[kBlock];
 };
-
-__device__ __forceinline__ float codebook_entry(const float *cb, const CodebookParam &def, int i) {
-    return cb ? cb[i] : def.v[i];
-}
 
 // Packs 8 floats into 16 bytes of T.
 __device__ __forceinline__ void store8(F16, uint16_t *out, const float (&v)[8]) {
@@ -91,22 +91,24 @@ __device__ __forceinline__ void load8(F32, const float *in, float (&x)[8]) {
 }
 
 // The 4 lanes of a block (g, g+8, g+16, g+24) turn their runs' codes into the block's
-// bit-plane words. lo/hi hold the run's 8 codes one per byte. Plane j of the run is one
-// byte (bit e = bit j of code e): the multiply by 0x01020408 gathers bits 0, 8, 16, 24
-// into bits 24..27. A 4x4 byte transpose across the 4 lanes (two shuffles, two byte
-// permutes) then leaves plane q in lane q. Returns plane q; plane 4 (K = 5) in *word4.
+// bit-plane words. lo/hi hold the run's 8 codes one per byte. Bits 0..3 of the codes are
+// merged into one word w (byte e: element e's in the low nibble, e + 4's in the high);
+// plane j is then bits j and j + 4 of every byte, and one multiply by 0x01020408 >> j
+// gathers them, without carries, into byte 3 (bit 24 + e = element e). A 4x4 byte
+// transpose across the 4 lanes (two shuffles, two byte permutes) then leaves plane q in
+// lane q. Returns plane q; plane 4 (K = 5) in *word4.
 template <int K>
 __device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, int q,
                                                     uint32_t &word4) {
-    uint32_t rows = 0;  // byte j: plane j of this run, j < 4
-    uint32_t plane4 = 0;
+    const uint32_t w = K == 5 ? (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4) : lo | (hi << 4);
+    uint32_t p[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < K; ++j) {
-        const uint32_t b = (((lo >> j) & 0x01010101u) * 0x01020408u) >> 24 |
-                           ((((hi >> j) & 0x01010101u) * 0x01020408u) >> 24) << 4;
-        if (j < 4) rows |= b << (8 * j);
-        else plane4 = b;
-    }
+    for (int j = 0; j < (K < 4 ? K : 4); ++j) p[j] = (w & (0x11111111u << j)) * (0x01020408u >> j);
+    // rows: byte j = plane j (byte 3 of p[j]).
+    const uint32_t rows = __byte_perm(__byte_perm(p[0], p[1], 0x0073), __byte_perm(p[2], p[3], 0x0073),
+                                      0x5410);
+    uint32_t plane4 = 0;
+    if (K == 5) plane4 = ((((lo >> 4) & 0x01010101u) | (hi & 0x10101010u)) * 0x01020408u) >> 24;
     // Round 1 (runs q, q^1): keep columns j with j & 1 == q & 1 for both runs.
     const uint32_t r1 = __shfl_xor_sync(kFull, rows, 8);
     const uint32_t t1 = __byte_perm(rows, r1, (q & 1) ? 0x3715 : 0x6240);
@@ -122,38 +124,74 @@ __device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, in
     return word;
 }
 
-// The search table of kbit_format.h in shared memory, laid out for the GPU lookup:
-// bins[b] = the first midpoint index p0 that can follow a v in bin b and mid[p0];
-// ext_* entry p is the sorted entry p, entry 32 + p its exact-midpoint tie; `single`
-// says every bin holds at most one midpoint (any codebook whose entries are more than
-// 1/128 apart), so one comparison finishes the search; rcp_e4m4[c] = rcp_rn(decode(c)).
-struct BinEntry {
-    float mid;
-    int p0;
+// ---- nearest codebook entry on the GPU ---------------------------------------------
+//
+// The host's search (kbit_format.h) counts the midpoints below v, an exact midpoint
+// going to the entry with the lower original index. The GPU folds that tie rule into
+// the thresholds: thr[j] is mid[j], or the float just below it when the tie goes up,
+// so the entry index is #{j : v > thr[j]}, the same index for every v. Any monotone
+// binning of v then gives a lower bound of that count per bin, so the GPU uses its
+// own, cheapest one (gpu_bin). When every bin holds at most one threshold (`single`:
+// entries more than 1/128 apart, as in every built-in codebook), one 16-byte shared
+// load and one comparison find the entry, its value and its code.
+
+constexpr int kGpuBins = 513;  // v in [-2, 2] in steps of 1/128; the last bin is v >= 2
+
+// floor((v + 2) * 128) clamped to [0, 512], read from the float bits: the saturated fma
+// clamps to [0, 1] and adding 1 moves the value to [1, 2], where the bits are linear.
+// Monotone in v (a NaN lands in bin 0).
+__device__ __forceinline__ int gpu_bin(float v) {
+    const float t = __fadd_rn(__saturatef(__fmaf_rn(v, 0.25f, 0.5f)), 1.0f);
+    return static_cast<int>(__float_as_uint(t) >> 14) - static_cast<int>(0x3F800000u >> 14);
+}
+
+struct alignas(16) Bin {  // one 8- or 16-byte shared-memory load
+    float thr;               // the first threshold at or above the bin's lower bound: thr[p0]
+    uint32_t info;           // code of lo | code of hi << 8 | p0 << 16
+    float lo, hi;            // entries p0 and p0 + 1 (the last entry twice at the top)
 };
 
 struct QuantTable {
-    BinEntry bins[kBins];
-    float mid[kBlock];
-    float ext_value[2 * kBlock];
-    uint8_t ext_code[2 * kBlock];
-    float rcp_e4m4[256];
-    int single;
+    Bin bins[kGpuBins];
+    float thr[kBlock];     // thr[unique - 1] = +inf
+    float value[kBlock];   // the sorted distinct entries
+    uint8_t code[kBlock];  // the lowest original index holding value[j]
+    float rcp_e4m4[256];   // rcp_rn(e4m4_decode(c))
+    int unique;
 };
 
-// Builds the table from the codebook (the same search as the host's
-// build_search_table): warp 0 sorts and ranks the entries, all threads fill the bins.
-__device__ void build_quant_table(QuantTable &t, SearchTable &tab, const float *cb,
-                                  const CodebookParam &def, int m) {
+// The float just below x (x finite).
+__device__ __forceinline__ float next_below(float x) {
+    const uint32_t b = __float_as_uint(x);
+    return x == 0.0f ? __uint_as_float(0x80000001u) : __uint_as_float(x > 0.0f ? b - 1 : b + 1);
+}
+
+// Entry `lane` of the codebook, 0 for lane >= 2^K. The built-in codebook is selected
+// from the kernel parameter with constant indices (a run-time index would copy it to
+// the stack).
+template <int K>
+__device__ __forceinline__ float lane_entry(const float *cb, const CodebookParam &def, int lane) {
+    if (cb) return lane < (1 << K) ? cb[lane] : 0.0f;
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (1 << K); ++i) v = lane == i ? def.v[i] : v;
+    return v;
+}
+
+// Builds the table (the same sorted entries and ties as the host's build_search_table):
+// warp 0 sorts and ranks the entries, all threads fill the bins. Returns `single`.
+template <int K>
+__device__ bool build_quant_table(QuantTable &t, const float *cb, const CodebookParam &def) {
+    constexpr int m = 1 << K;
     const int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
-        const float v = lane < m ? codebook_entry(cb, def, lane) : 0.0f;
-        bool first = lane < m;
+        const float v = lane_entry<K>(cb, def, lane);
+        bool first = lane < m;  // the lowest index holding its value
+        int rank = 0;           // distinct values below v
         for (int j = 0; j < m; ++j) {
             const float o = __shfl_sync(kFull, v, j);
             if (j < lane && o == v) first = false;
         }
-        int rank = 0;
         for (int j = 0; j < m; ++j) {
             const float o = __shfl_sync(kFull, v, j);
             const bool fj = __shfl_sync(kFull, first, j);
@@ -161,182 +199,224 @@ __device__ void build_quant_table(QuantTable &t, SearchTable &tab, const float *
         }
         const int unique = __popc(__ballot_sync(kFull, first));
         if (first) {
-            tab.value[rank] = v;
-            tab.code[rank] = static_cast<uint8_t>(lane);
+            t.value[rank] = v;
+            t.code[rank] = static_cast<uint8_t>(lane);
         }
         __syncwarp();
         if (lane < unique) {
-            const bool last = lane == unique - 1;
-            const float lo = tab.value[lane];
-            const float hi = last ? lo : tab.value[lane + 1];
-            const uint8_t clo = tab.code[lane];
-            const uint8_t chi = last ? clo : tab.code[lane + 1];
-            const bool low = last || clo < chi;
-            tab.mid[lane] = t.mid[lane] = last ? INFINITY : midpoint(lo, hi);
-            t.ext_value[lane] = lo;
-            t.ext_code[lane] = clo;
-            t.ext_value[kBlock + lane] = low ? lo : hi;
-            t.ext_code[kBlock + lane] = low ? clo : chi;
+            float thr = INFINITY;
+            if (lane + 1 < unique) {
+                const float mid = midpoint(t.value[lane], t.value[lane + 1]);
+                thr = t.code[lane] < t.code[lane + 1] ? mid : next_below(mid);
+            }
+            t.thr[lane] = thr;
         }
-        if (lane == 0) tab.unique = unique;
+        if (lane == 0) t.unique = unique;
     }
     for (int c = threadIdx.x; c < 256; c += blockDim.x) t.rcp_e4m4[c] = rcp_rn(e4m4_decode(c));
     __syncthreads();
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-        const int p0 = bin_start(tab.mid, tab.unique, b);
-        t.bins[b] = {tab.mid[p0], p0};
-        tab.start[b] = static_cast<uint8_t>(p0);
-    }
-    __syncthreads();
+    const int unique = t.unique;
     bool single = true;
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-        const int next = b + 1 < kBins ? tab.start[b + 1] : tab.unique - 1;
-        single &= next - tab.start[b] <= 1;
+    for (int b = threadIdx.x; b < kGpuBins; b += blockDim.x) {
+        int below = 0, inside = 0;
+        for (int j = 0; j + 1 < unique; ++j) {
+            const int bj = gpu_bin(t.thr[j]);
+            below += bj < b;
+            inside += bj == b;
+        }
+        single &= inside <= 1;
+        const int p1 = min(below + 1, unique - 1);
+        t.bins[b] = {t.thr[below],
+                     t.code[below] | static_cast<uint32_t>(t.code[p1]) << 8 |
+                         static_cast<uint32_t>(below) << 16,
+                     t.value[below], t.value[p1]};
     }
-    single = __syncthreads_and(single);
-    if (threadIdx.x == 0) t.single = single;
-    __syncthreads();
+    return __syncthreads_and(single);
 }
 
-// Index into ext_* of the entry nearest to v (search_nearest of kbit_format.h).
-__device__ __forceinline__ int lookup(const QuantTable &t, bool single, float v) {
-    const BinEntry e = t.bins[search_bin(v)];
-    int p = e.p0;
-    float m = e.mid;
-    if (single) {
-        if (m < v) return p + 1;
+// The entry nearest to v: its value, and its code as byte `up` of `info`.
+struct Pick {
+    float value;
+    uint32_t info;
+    bool up;
+};
+
+// WithValue: the caller needs the entry's value (the E4M4 error), not only its code.
+template <bool Single, bool WithValue>
+__device__ __forceinline__ Pick nearest(const QuantTable &t, float v) {
+    const Bin *b = &t.bins[gpu_bin(v)];
+    if (Single) {
+        if (WithValue) {
+            const float4 e = *reinterpret_cast<const float4 *>(b);
+            const bool up = v > e.x;
+            return {up ? e.w : e.z, __float_as_uint(e.y), up};
+        }
+        const float2 e = *reinterpret_cast<const float2 *>(b);
+        return {0.0f, __float_as_uint(e.y), v > e.x};
+    }
+    int p = static_cast<int>(b->info >> 16);
+    while (v > t.thr[p]) ++p;
+    return {t.value[p], t.code[p], false};
+}
+
+// w with the picked code in byte e (which is zero in w): one byte permute.
+__device__ __forceinline__ uint32_t put_code(uint32_t w, int e, const Pick &p) {
+    const uint32_t keep = 0x7654u & ~(0xFu << (4 * e));  // bytes of w, byte e from info
+    return __byte_perm(p.info, w, p.up ? keep | (1u << (4 * e)) : keep);
+}
+
+// Codes of a run of 8 against the inverse scale inv: element e in byte e of lo (e < 4)
+// or byte e - 4 of hi. WithError: adds the squared errors of the valid elements to *err.
+template <bool Full, bool Single, bool WithError>
+__device__ __forceinline__ void pick_run(const QuantTable &t, const float (&x)[kRun], int nvalid,
+                                         float inv, uint32_t &lo, uint32_t &hi, float *err) {
+    lo = hi = 0;
+#pragma unroll
+    for (int e = 0; e < kRun; ++e) {
+        const float v = scaled(x[e], inv);
+        const Pick p = nearest<Single, WithError>(t, v);
+        if (WithError && (Full || e < nvalid)) *err = add_error(*err, v, p.value);
+        if (e < 4) lo = put_code(lo, e, p);
+        else hi = put_code(hi, e - 4, p);
+    }
+}
+
+// The same, the table's `single` decided once per run (it is uniform).
+template <bool Full, bool WithError>
+__device__ __forceinline__ void pick_codes(const QuantTable &t, bool single, const float (&x)[kRun],
+                                           int nvalid, float inv, uint32_t &lo, uint32_t &hi,
+                                           float *err = nullptr) {
+    if (single) pick_run<Full, true, WithError>(t, x, nvalid, inv, lo, hi, err);
+    else pick_run<Full, false, WithError>(t, x, nvalid, inv, lo, hi, err);
+}
+
+// One tile (8 blocks) of a warp: lane (g, q) handles run q = lane >> 3 (elements
+// 8q..8q+7, one 16-byte load) of block g = lane & 7, so the 4 lanes of a block are
+// g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Full: the tile lies inside the
+// tensor and the input is 16-byte aligned (every tile but the last).
+template <class T, int K, kbit_absmax_format FMT, bool Full>
+__device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
+                                              const typename T::storage *__restrict__ in,
+                                              int64_t n, float ts, float rcp_ts, void *absmax,
+                                              uint32_t *__restrict__ packed, int64_t tile) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane & 7, q = lane >> 3;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t b = tile * 8 + g;
+    const int64_t e0 = b * kBlock + q * kRun;
+    int nvalid = kRun;
+    float x[kRun];
+    if (Full) {
+        load8(T{}, in + e0, x);
     } else {
-        while (m < v) m = t.mid[++p];
+        const int64_t left = n - e0;
+        nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
+#pragma unroll
+        for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, in[e0 + e]) : 0.0f;
     }
-    return v == m ? kBlock + p : p;
+
+    uint32_t amax_bits = 0;
+#pragma unroll
+    for (int e = 0; e < kRun; ++e)
+        amax_bits = max(amax_bits, Full || e < nvalid ? abs_bits(x[e]) : 0u);
+    amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 8));
+    amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 16));
+    const bool finite = bits_finite(amax_bits);
+    const float a = f32_from_bits(amax_bits);
+    const float a_s = ts == 1.0f ? a : div_rn(a, ts);
+    bool over = false;
+    uint32_t lo = 0, hi = 0;  // the run's codes, one per byte
+
+    if (FMT == KBIT_ABSMAX_E4M4) {
+        const int c0 = finite ? e4m4_ceil(a_s) : 256;
+        over = c0 > 255;
+        int best = over ? 255 : c0;
+        float best_score = INFINITY;
+#pragma unroll
+        for (int ci = 0; ci < kNumCandidates; ++ci) {
+            // Every lane evaluates (the shuffles need the whole warp); `ok` decides.
+            const int c = c0 + candidate_offset(ci);
+            const bool ok = !over && c0 > 0 && c >= 1 && c <= 255;
+            const int cc = ok ? c : 1;
+            const float dc = e4m4_decode(cc);
+            float acc = 0.0f;
+            uint32_t clo, chi;
+            pick_codes<Full, true>(t, single, x, nvalid, e4m4_inverse(t.rcp_e4m4[cc], rcp_ts),
+                                   clo, chi, &acc);
+            acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 8));   // r0 + r1, r2 + r3
+            acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));  // (r0 + r1) + (r2 + r3)
+            const float score = mul_rn(acc, mul_rn(dc, dc));
+            if (ok && score < best_score) {
+                best_score = score;
+                best = c;
+                lo = clo;
+                hi = chi;
+            }
+        }
+        if (q == 0 && b < blocks) static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
+        if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
+            const float dec = e4m4_decode(best);
+            const bool searched = finite && !over && dec > 0.0f;
+            const float inv = !finite    ? 0.0f
+                              : searched ? e4m4_inverse(t.rcp_e4m4[best], rcp_ts)
+                                         : inverse_scale(mul_rn(dec, ts));
+            pick_codes<Full, false>(t, single, x, nvalid, inv, lo, hi);
+        }
+    } else {
+        float dec;
+        if (FMT == KBIT_ABSMAX_FP32) {
+            // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
+            over = finite && a_s > kF32Max;
+            dec = !finite ? NAN : (over ? kF32Max : a_s);
+            if (q == 0 && b < blocks) static_cast<float *>(absmax)[b] = dec;
+        } else {
+            over = finite && a_s > kF16Max;
+            uint16_t h = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
+            if (f16_bits_to_f32(h) < a_s) ++h;
+            h = !finite ? 0x7E00 : (over ? 0x7BFF : h);
+            if (q == 0 && b < blocks) static_cast<uint16_t *>(absmax)[b] = h;
+            dec = f16_bits_to_f32(h);
+        }
+        pick_codes<Full, false>(t, single, x, nvalid,
+                                finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f, lo, hi);
+    }
+
+    // Non-finite blocks and elements past n get code 0.
+    if (!finite) lo = hi = 0;
+    if (!Full) {
+        lo &= nvalid >= 4 ? ~0u : (1u << (8 * nvalid)) - 1u;
+        hi &= nvalid >= 8 ? ~0u : (nvalid <= 4 ? 0u : (1u << (8 * (nvalid - 4))) - 1u);
+    }
+    // Bit planes: lane (g, q) ends with plane q (and plane 4 on q == 0 for K = 5).
+    uint32_t word4 = 0;
+    const uint32_t word = pack_run_planes<K>(lo, hi, q, word4);
+    if (Full || b < blocks) {
+        if (q < K) packed[b * K + q] = word;
+        if (K == 5 && q == 0) packed[b * K + 4] = word4;
+        if (q == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
+    }
 }
 
-// Quantize: a warp takes 8 blocks at a time; lane l handles run q = l >> 3 (elements
-// 8q..8q+7, one 16-byte load) of block g = l & 7, so the 4 lanes of a block are
-// l = g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Per-block work is shared
-// by 4 lanes instead of 32; pack_run_planes turns the codes into the bit-plane words.
+// Quantize: each warp takes tiles of 8 blocks in a grid-stride loop over a table built
+// once per CTA.
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
                 const float *__restrict__ codebook, CodebookParam def, float ts,
                 void *__restrict__ absmax, uint32_t *__restrict__ packed) {
     __shared__ QuantTable t;
-    __shared__ SearchTable tab;
-    build_quant_table(t, tab, codebook, def, 1 << K);
-    const bool single = t.single;
+    const bool single = build_quant_table<K>(t, codebook, def);
     const float rcp_ts = rcp_rn(ts);
-
-    const int lane = threadIdx.x & 31;
-    const int g = lane & 7, q = lane >> 3;
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    const int64_t tiles = (blocks + 7) / 8;
+    const int64_t tiles = (n + kTileElems - 1) / kTileElems;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
+    const int64_t full_tiles = aligned ? n / kTileElems : 0;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-
     for (int64_t tile = warp; tile < tiles; tile += warps) {
-        const int64_t b = tile * 8 + g;
-        const int64_t e0 = b * kBlock + q * kRun;
-        const int64_t left = n - e0;
-        const int nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
-        float x[kRun];
-        if (nvalid == kRun && aligned) {
-            load8(T{}, in + e0, x);
-        } else {
-#pragma unroll
-            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, in[e0 + e]) : 0.0f;
-        }
-
-        uint32_t amax_bits = 0;
-#pragma unroll
-        for (int e = 0; e < kRun; ++e) {
-            const uint32_t a = e < nvalid ? abs_bits(x[e]) : 0u;
-            amax_bits = a > amax_bits ? a : amax_bits;
-        }
-        amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 8));
-        amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 16));
-        const bool finite = bits_finite(amax_bits);
-        const float a = f32_from_bits(amax_bits);
-        const float a_s = ts == 1.0f ? a : div_rn(a, ts);
-        bool over = false;
-        float dec;
-        int idx[kRun];
-
-        if (FMT == KBIT_ABSMAX_E4M4) {
-            const int c0 = finite ? e4m4_ceil(a_s) : 256;
-            over = c0 > 255;
-            int best = over ? 255 : c0;
-            float best_score = INFINITY;
-#pragma unroll
-            for (int e = 0; e < kRun; ++e) idx[e] = 0;
-#pragma unroll
-            for (int ci = 0; ci < kNumCandidates; ++ci) {
-                // Every lane evaluates (the shuffles need the whole warp); `ok` decides.
-                const int c = c0 + candidate_offset(ci);
-                const bool ok = !over && c0 > 0 && c >= 1 && c <= 255;
-                const int cc = ok ? c : 1;
-                const float dc = e4m4_decode(cc);
-                const float inv = e4m4_inverse(t.rcp_e4m4[cc], rcp_ts);
-                int cand[kRun];
-                float acc = 0.0f;
-#pragma unroll
-                for (int e = 0; e < kRun; ++e) {
-                    const float v = scaled(x[e], inv);
-                    cand[e] = lookup(t, single, v);
-                    if (e < nvalid) acc = add_error(acc, v, t.ext_value[cand[e]]);
-                }
-                acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 8));    // r0 + r1, r2 + r3
-                acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));   // (r0 + r1) + (r2 + r3)
-                const float score = mul_rn(acc, mul_rn(dc, dc));
-                if (ok && score < best_score) {
-                    best_score = score;
-                    best = c;
-#pragma unroll
-                    for (int e = 0; e < kRun; ++e) idx[e] = cand[e];
-                }
-            }
-            dec = e4m4_decode(best);
-            if (q == 0 && b < blocks) static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
-            if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
-                const bool searched = finite && !over && dec > 0.0f;
-                const float inv = !finite    ? 0.0f
-                                  : searched ? e4m4_inverse(t.rcp_e4m4[best], rcp_ts)
-                                             : inverse_scale(mul_rn(dec, ts));
-#pragma unroll
-                for (int e = 0; e < kRun; ++e) idx[e] = lookup(t, single, scaled(x[e], inv));
-            }
-        } else {
-            if (FMT == KBIT_ABSMAX_FP32) {
-                dec = finite ? a_s : NAN;
-                if (q == 0 && b < blocks) static_cast<float *>(absmax)[b] = dec;
-            } else {
-                over = finite && a_s > kF16Max;
-                uint16_t h = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
-                if (f16_bits_to_f32(h) < a_s) ++h;
-                h = !finite ? 0x7E00 : (over ? 0x7BFF : h);
-                if (q == 0 && b < blocks) static_cast<uint16_t *>(absmax)[b] = h;
-                dec = f16_bits_to_f32(h);
-            }
-            const float inv = finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f;
-#pragma unroll
-            for (int e = 0; e < kRun; ++e) idx[e] = lookup(t, single, scaled(x[e], inv));
-        }
-
-        // Bit planes: lane (g, q) ends with plane q (and plane 4 on q == 0 for K = 5).
-        uint32_t lo = 0, hi = 0;  // code of element e in byte e (lo: 0..3, hi: 4..7)
-#pragma unroll
-        for (int e = 0; e < kRun; ++e) {
-            const uint32_t code = e < nvalid && finite ? t.ext_code[idx[e]] : 0u;
-            if (e < 4) lo |= code << (8 * e);
-            else hi |= code << (8 * (e - 4));
-        }
-        uint32_t word4 = 0;
-        const uint32_t word = pack_run_planes<K>(lo, hi, q, word4);
-        if (b < blocks) {
-            if (q < K) packed[b * K + q] = word;
-            if (K == 5 && q == 0) packed[b * K + 4] = word4;
-            if (q == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
-        }
+        if (tile < full_tiles)
+            quantize_tile<T, K, FMT, true>(t, single, in, n, ts, rcp_ts, absmax, packed, tile);
+        else
+            quantize_tile<T, K, FMT, false>(t, single, in, n, ts, rcp_ts, absmax, packed, tile);
     }
 }
 
@@ -383,7 +463,7 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
                   int64_t vec_elems, bool vec_words, typename T::storage *__restrict__ out) {
     __shared__ float cb_smem[kBlock];
     const int lane = threadIdx.x & 31;
-    const float cb_lane = lane < (1 << K) ? codebook_entry(codebook, def, lane) : 0.0f;
+    const float cb_lane = lane_entry<K>(codebook, def, lane);
     if (threadIdx.x < 32) cb_smem[lane] = cb_lane;
 
     // Vector part: whole tiles of 8 blocks, 8 elements and one 16-byte store per lane.
@@ -409,6 +489,7 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     }
 
     // Scalar part: the tail (and everything when the output is not 16-byte aligned).
+    if (vec_elems == n) return;
     __syncthreads();
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = vec_elems + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -447,10 +528,11 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
                               const float *cb, int64_t n, void *out, cudaStream_t stream) {
     const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
     const int64_t vec_elems = aligned ? n / kTileElems * kTileElems : 0;
-    const int64_t work = vec_elems / kTileElems / kWarps + (n - vec_elems + kThreads - 1) / kThreads;
+    const int64_t vec_ctas = (vec_elems / kTileElems + kWarps - 1) / kWarps;
+    const int64_t tail_ctas = (n - vec_elems + kThreads - 1) / kThreads;
     int grid = 0;
     const bool words_vec = (reinterpret_cast<uintptr_t>(packed) & (K == 4 ? 15u : 7u)) == 0;
-    cudaError_t err = resident_grid<dequantize_kernel<T, K, FMT>>(kThreads, 0, work > 0 ? work : 1, &grid);
+    cudaError_t err = grid_for(vec_ctas > tail_ctas ? vec_ctas : tail_ctas, kDequantCtasPerSm, &grid);
     if (err != cudaSuccess) return err;
     dequantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
         packed, absmax, ts, cb, default_codebook(K), n, vec_elems, words_vec,

@@ -15,6 +15,7 @@ namespace kbit {
 constexpr int kBlock = 32;
 constexpr float kE4M4Max = 31.0f;
 constexpr float kF16Max = 65504.0f;
+constexpr float kF32Max = 3.4028234663852886e38f;
 // E4M4 scale search: offsets from c0 (the smallest code >= absmax) in preference order;
 // the first candidate with the least error wins.
 constexpr int kNumCandidates = 4;
@@ -105,17 +106,13 @@ struct SearchTable {
     int unique;
 };
 
-// (v + 2) * 128 equals fma(v, 128, 256) bit for bit (scaling by 128 is exact).
-KBIT_HD int search_bin(float v) {
-#if defined(__CUDA_ARCH__)
-    const int b = __float2int_rz(__fmaf_rn(v, 128.0f, 256.0f));
-    return min(max(b, 0), kBins - 1);
-#else
+// The host's bin of v: floor((v + 2) * 128) clamped to the table. The GPU bins
+// differently (csrc/kbit.cu): any monotone binning finds the same entry.
+inline int search_bin(float v) {
     float y = (v + 2.0f) * 128.0f;
     if (!(y > 0.0f)) return 0;
     if (y >= static_cast<float>(kBins - 1)) return kBins - 1;
     return static_cast<int>(y);
-#endif
 }
 
 struct Nearest {
@@ -123,20 +120,17 @@ struct Nearest {
     float value;
 };
 
-// Works on any table layout with the SearchTable field names (global, shared, host).
-template <class Table>
-KBIT_HD Nearest search_nearest(const Table &tab, float v) {
+inline Nearest search_nearest(const SearchTable &tab, float v) {
     int p = tab.start[search_bin(v)];
     while (tab.mid[p] < v) ++p;
     if (v == tab.mid[p]) return {tab.tie_code[p], tab.tie_value[p]};
     return {tab.code[p], tab.value[p]};
 }
 
-// Fills the midpoints, ties and bin starts once `value`, `code` and `unique` are set.
-// Used sequentially on the host; the GPU fills the same fields in parallel.
+// The midpoint of two neighbouring entries (the same bits on both sides).
 KBIT_HD float midpoint(float a, float b) { return mul_rn(a + b, 0.5f); }
 
-KBIT_HD uint8_t bin_start(const float *mid, int unique, int bin) {
+inline uint8_t bin_start(const float *mid, int unique, int bin) {
     int count = 0;
     for (int j = 0; j < unique - 1; ++j) count += search_bin(mid[j]) < bin;
     return static_cast<uint8_t>(count);
@@ -152,7 +146,7 @@ KBIT_HD float inverse_scale(float d) { return d > 0.0f ? rcp_rn(d) : 0.0f; }
 // rcp(decode(c)) * rcp(tensor_scale) so that the GPU reads rcp(decode(c)) from a table.
 KBIT_HD float e4m4_inverse(float rcp_dec, float rcp_ts) {
     const float r = mul_rn(rcp_dec, rcp_ts);
-    return r < 3.4028234663852886e38f ? r : 3.4028234663852886e38f;
+    return r < kF32Max ? r : kF32Max;
 }
 
 // Adds one element's squared residual to a run's sum.

@@ -32,6 +32,9 @@ constexpr int kThreads = 256;
 constexpr int kQuantTile = 4096;                          // elements per quantizer CTA step
 constexpr int kDequantRounds = 8;                         // chunks per dequantizer thread step
 constexpr int kPerSm = 8;                                 // resident CTAs per SM to aim for
+// Dequantize: one step per thread, enough CTAs to cover about 2^33 elements before the
+// loop strides (short-lived CTAs keep more loads in flight than looping ones).
+constexpr int kDequantPerSm = 4096;
 constexpr int kMeanThreads = 1024;                        // one CTA: a fixed summation order
 
 static_assert(kQuantTile == kMaxBlock, "a quantizer tile holds whole blocks");
@@ -481,7 +484,7 @@ template <class T, class Fmt>
 cudaError_t launch_dequantize(const uint8_t *packed, const float *absmax, int64_t n,
                               int blocksize, void *output, cudaStream_t stream) {
     int grid = 0;
-    cudaError_t err = grid_for(dequantize_ctas<T>(n), kPerSm, &grid);
+    cudaError_t err = grid_for(dequantize_ctas<T>(n), kDequantPerSm, &grid);
     if (err != cudaSuccess) return err;
     dequantize_kernel<T, Fmt><<<grid, kThreads, 0, stream>>>(
         packed, absmax, n, log2_of(blocksize), aligned(packed, Chunk<T>::kBytes),
@@ -495,7 +498,7 @@ cudaError_t launch_dequantize_dq(const uint8_t *packed, const uint8_t *qabsmax,
                                  const float *absmax2, const float *code, const float *offset,
                                  int64_t n, int blocksize, void *output, cudaStream_t stream) {
     int grid = 0;
-    cudaError_t err = grid_for(dequantize_ctas<T>(n), kPerSm, &grid);
+    cudaError_t err = grid_for(dequantize_ctas<T>(n), kDequantPerSm, &grid);
     if (err != cudaSuccess) return err;
     dequantize_dq_kernel<T, Fmt><<<grid, kThreads, 0, stream>>>(
         packed, qabsmax, absmax2, code, builtin_map(), offset, n, log2_of(blocksize),

@@ -141,7 +141,8 @@ KBIT_API kbit_status kbit_get_range_flag(int *raised, int clear);
  * tensor_scale multiplies every decoded block scale (pass 1.0f when not needed; it
  * must be finite and > 0).
  * Host versions return KBIT_ERROR_RANGE (having written every block) when a block's
- * absmax / tensor_scale exceeds the format, or when an E4M4 block holds NaN/Inf (E4M4
+ * absmax / tensor_scale exceeds the format (for fp32: overflows to inf; the block is
+ * stored at FLT_MAX), or when an E4M4 block holds NaN/Inf (E4M4
  * has no NaN; with fp32/fp16 absmax such a block dequantizes to NaN); the GPU versions
  * raise the range flag instead.
  * ------------------------------------------------------------------------------- */

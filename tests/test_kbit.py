@@ -308,6 +308,56 @@ def test_range_error_and_tensor_scale(rng, fmt, limit):
     assert np.array_equal(kbit.dequantize(q), out)
 
 
+def test_fp32_absmax_over_float_range_is_range_error(rng):
+    # A caller's tensor_scale < 1 can take absmax / tensor_scale past the float range:
+    # the block is stored at FLT_MAX and reported, never stored as inf.
+    x = rng.standard_normal(96).astype(np.float32)
+    x[40] = 3e38
+    packed, absmax = host_quantize(x, 4, "fp32", "float32", ts=0.5, expect=STATUS["range"])
+    rp, ra = R.quantize_kbit(x, 4, absmax_format="fp32", tensor_scale=0.5, strict=False)
+    assert np.array_equal(packed, rp) and np.array_equal(absmax, ra)
+    assert absmax[1] == np.finfo(np.float32).max and np.all(np.isfinite(absmax))
+    with pytest.raises(R.RangeError):
+        R.quantize_kbit(x, 4, absmax_format="fp32", tensor_scale=0.5)
+    out = host_dequantize(packed, absmax, 4, x.size, "fp32", "float32", ts=0.5)
+    assert np.all(np.isfinite(out)) and out[40] > 1e38
+    assert same_values(out, R.dequantize_kbit(rp, ra, 4, x.size, absmax_format="fp32",
+                                              tensor_scale=0.5))
+
+
+def midpoint_blocks(cb, n_blocks):
+    """Blocks whose absmax is 1 (so x / scale = x exactly with fp32 absmax) holding every
+    entry of cb and every exact float32 midpoint between neighbouring distinct entries."""
+    s = np.unique(cb.astype(np.float32))
+    mids = ((s[:-1] + s[1:]) * np.float32(0.5)).astype(np.float32)
+    pool = np.concatenate([s, mids, -mids]).astype(np.float32)
+    pool = pool[np.abs(pool) <= 1]
+    x = np.resize(pool, n_blocks * 32).reshape(n_blocks, 32)
+    x[:, 0] = 1.0
+    return x.reshape(-1).astype(np.float32)
+
+
+def tie_and_dense_codebooks(rng, k):
+    """Codebooks that reach the search's edge cases: entries in an order where exact
+    midpoints go up or down, and entries closer together than the search's bins."""
+    m = 1 << k
+    perm = rng.permutation(np.linspace(-1, 1, m)).astype(np.float32)
+    dense = np.linspace(-1, 1, m).astype(np.float32)
+    d = min(4, m // 2)
+    dense[m // 2: m // 2 + d] = np.float32(0.25) + np.float32(1 / 1024) * np.arange(d)
+    return [perm, perm[::-1].copy(), rng.permutation(dense)]
+
+
+@pytest.mark.parametrize("k", KS)
+def test_exact_midpoints_and_dense_codebooks(rng, k):
+    for cb in tie_and_dense_codebooks(rng, k):
+        x = midpoint_blocks(cb, 20)
+        for fmt in FORMATS:
+            packed, absmax = host_quantize(x, k, fmt, "float32", codebook=cb)
+            rp, ra = R.quantize_kbit(x, k, codebook=cb, absmax_format=fmt)
+            assert np.array_equal(packed, rp) and np.array_equal(absmax, ra)
+
+
 @pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.05, 1.0, 3.0])
 def test_tensor_scale_brings_small_tensors_into_e4m4_normal_range(rng, scale):
     x = (rng.standard_normal(4096) * scale).astype(np.float32)

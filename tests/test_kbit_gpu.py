@@ -11,7 +11,7 @@ import kbit
 from kbit._lib import function
 from conftest import requires_gpu
 from test_kbit import DT_ID, FMT_ID, FORMATS, KS, STATUS, host_dequantize, host_quantize, \
-    make_input, same_values
+    make_input, midpoint_blocks, same_values, tie_and_dense_codebooks
 
 pytestmark = requires_gpu
 
@@ -102,6 +102,29 @@ def test_gpu_custom_codebooks(rng, k):
         for fmt in FORMATS:
             check_against_host(make_input(rng, 5000, "float32", "student"), k, fmt, "float32",
                                cb=cb.astype(np.float32))
+
+
+@pytest.mark.parametrize("k", KS)
+def test_gpu_exact_midpoints_and_dense_codebooks(rng, k):
+    # Ties in both directions and entries closer than a search bin, for every format
+    # and type: the GPU's search tables differ from the host's, the bytes must not.
+    for cb in tie_and_dense_codebooks(rng, k):
+        x = midpoint_blocks(cb, 40)
+        for fmt in FORMATS:
+            check_against_host(x, k, fmt, "float32", cb=cb)
+            check_against_host(x.astype(np.float16), k, fmt, "float16", cb=cb)
+
+
+def test_gpu_fp32_absmax_over_float_range_raises_flag(rng):
+    x = rng.standard_normal(4096).astype(np.float32)
+    x[1000] = 3e38
+    raised = ctypes.c_int()
+    assert function("kbit_get_range_flag")(ctypes.byref(raised), 1) == 0
+    packed, absmax = gpu_quantize(to_gpu(x, "float32"), x.size, 4, "fp32", "float32", ts=0.5)
+    assert function("kbit_get_range_flag")(ctypes.byref(raised), 1) == 0 and raised.value == 1
+    hp, ha = host_quantize(x, 4, "fp32", "float32", ts=0.5, expect=STATUS["range"])
+    assert np.array_equal(packed.cpu().numpy()[:hp.nbytes].view(np.uint32), hp)
+    assert np.array_equal(absmax.cpu().numpy()[:ha.nbytes].view(np.float32), ha)
 
 
 def test_gpu_heavy_tails_and_tensor_scale(rng):

@@ -62,7 +62,9 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
     float dec = 0.0f;
 
     if (fmt == KBIT_ABSMAX_FP32) {
-        dec = finite ? a_s : NAN;
+        // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
+        over = finite && a_s > kF32Max;
+        dec = !finite ? NAN : (over ? kF32Max : a_s);
         static_cast<float *>(absmax)[b] = dec;
     } else if (fmt == KBIT_ABSMAX_FP16) {
         over = finite && a_s > kF16Max;

@@ -25,6 +25,7 @@ import numpy as np
 BLOCK = 32
 E4M4_MAX = 31.0
 FP16_MAX = 65504.0
+FP32_MAX = float(np.finfo(np.float32).max)
 ABSMAX_FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
 # Candidate offsets from c0 tried by the E4M4 scale search, in order of preference
 # (the first with the least error wins).
@@ -252,7 +253,10 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
         over = np.zeros(nb, dtype=bool)
 
         if absmax_format == "fp32":
-            stored = np.where(finite, a_s, np.float32(np.nan)).astype(np.float32)
+            # A finite block over the float range (tensor_scale < 1) is clipped.
+            over = finite & np.isinf(a_s)
+            stored = np.where(finite, np.where(over, FP32_MAX, a_s), np.float32(np.nan))
+            stored = stored.astype(np.float32)
             dec = stored
         elif absmax_format == "fp16":
             over = finite & (a_s > FP16_MAX)
