@@ -3,8 +3,8 @@
 // Quantize: a warp takes 8 blocks of 32 at a time, 4 lanes per block with 8 elements
 // each (16-byte loads). The absmax is a 4-lane max, the E4M4 scale is chosen among 4
 // candidate codes by the least squared error (summed in a fixed order, so the CPU makes
-// the same choice), each element gets the nearest codebook entry from one 16-byte
-// shared-memory table entry, and the 4 lanes build the K bit-plane words with a byte
+// the same choice), each element gets the nearest codebook entry from a shared-memory
+// search table and one comparison, and the 4 lanes build the K bit-plane words with a byte
 // gather and a 4x4 shuffle transpose (measured faster than __ballot_sync here, see
 // bench/RESULTS.md).
 //
@@ -34,10 +34,18 @@ constexpr int kDequantCtasPerSm = 4096;
 
 __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-range block
 
-// The built-in codebook travels as a kernel parameter: no allocation, graph-safe.
-struct CodebookParam {
-    float v[kBlock];
+// The built-in codebooks in device memory: a warp reads its K-bit book with one
+// coalesced load, graph-safe and with no allocation.
+struct DeviceCodebooks {
+    float v[4][kBlock];  // [K - 2][i]
 };
+constexpr DeviceCodebooks make_device_codebooks() {
+    DeviceCodebooks d{};
+    for (int k = 2; k <= 5; ++k)
+        for (int i = 0; i < (1 << k); ++i) d.v[k - 2][i] = kNormalFloat[k][i];
+    return d;
+}
+__device__ const DeviceCodebooks g_normal_float = make_device_codebooks();
 
 // Packs 8 floats into 16 bytes of T.
 __device__ __forceinline__ void store8(F16, uint16_t *out, const float (&v)[8]) {
@@ -65,29 +73,42 @@ __device__ __forceinline__ void store8(F32, float *out, const float (&v)[8]) {
     reinterpret_cast<float4 *>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// Loads 8 consecutive elements (16-byte aligned) as float, streaming (read once).
-__device__ __forceinline__ void load8(F16, const uint16_t *in, float (&x)[8]) {
-    const uint4 r = __ldcs(reinterpret_cast<const uint4 *>(in));
-    const __half2 *h = reinterpret_cast<const __half2 *>(&r);
+// 8 consecutive elements (16-byte aligned) as loaded, streaming (read once), and as
+// float: the quantizer issues the next tile's load before working on this one.
+template <class T>
+struct Raw8 {
+    uint4 r[sizeof(typename T::storage) / 2];
+};
+template <class T>
+__device__ __forceinline__ Raw8<T> load_raw8(const typename T::storage *in) {
+    Raw8<T> raw;
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(raw.r) / 16); ++i)
+        raw.r[i] = __ldcs(reinterpret_cast<const uint4 *>(in) + i);
+    return raw;
+}
+__device__ __forceinline__ void to_float8(F16, const Raw8<F16> &raw, float (&x)[8]) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&raw.r[0]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float2 f = __half22float2(h[i]);
         x[2 * i] = f.x, x[2 * i + 1] = f.y;
     }
 }
-__device__ __forceinline__ void load8(BF16, const uint16_t *in, float (&x)[8]) {
-    const uint4 r = __ldcs(reinterpret_cast<const uint4 *>(in));
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+__device__ __forceinline__ void to_float8(BF16, const Raw8<BF16> &raw, float (&x)[8]) {
+    const uint32_t w[4] = {raw.r[0].x, raw.r[0].y, raw.r[0].z, raw.r[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         x[2 * i] = __uint_as_float(w[i] << 16);
         x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
     }
 }
-__device__ __forceinline__ void load8(F32, const float *in, float (&x)[8]) {
-    const float4 a = __ldcs(reinterpret_cast<const float4 *>(in));
-    const float4 b = __ldcs(reinterpret_cast<const float4 *>(in) + 1);
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+__device__ __forceinline__ void to_float8(F32, const Raw8<F32> &raw, float (&x)[8]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        x[4 * i] = __uint_as_float(raw.r[i].x), x[4 * i + 1] = __uint_as_float(raw.r[i].y);
+        x[4 * i + 2] = __uint_as_float(raw.r[i].z), x[4 * i + 3] = __uint_as_float(raw.r[i].w);
+    }
 }
 
 // The 4 lanes of a block (g, g+8, g+16, g+24) turn their runs' codes into the block's
@@ -132,8 +153,8 @@ __device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, in
 // so the entry index is #{j : v > thr[j]}, the same index for every v. Any monotone
 // binning of v then gives a lower bound of that count per bin, so the GPU uses its
 // own, cheapest one (gpu_bin). When every bin holds at most one threshold (`single`:
-// entries more than 1/128 apart, as in every built-in codebook), one 16-byte shared
-// load and one comparison find the entry, its value and its code.
+// entries more than 1/128 apart, as in every built-in codebook), one table read and one
+// comparison find the entry.
 
 constexpr int kGpuBins = 513;  // v in [-2, 2] in steps of 1/128; the last bin is v >= 2
 
@@ -145,14 +166,14 @@ __device__ __forceinline__ int gpu_bin(float v) {
     return static_cast<int>(__float_as_uint(t) >> 14) - static_cast<int>(0x3F800000u >> 14);
 }
 
-struct alignas(16) Bin {  // one 8- or 16-byte shared-memory load
-    float thr;               // the first threshold at or above the bin's lower bound: thr[p0]
-    uint32_t info;           // code of lo | code of hi << 8 | p0 << 16
-    float lo, hi;            // entries p0 and p0 + 1 (the last entry twice at the top)
+struct alignas(8) Bin {  // one 8-byte shared-memory load
+    float thr;              // the first threshold at or above the bin's lower bound: thr[p0]
+    uint32_t info;          // code of entry p0 | code of entry p0 + 1 << 8
 };
 
 struct QuantTable {
     Bin bins[kGpuBins];
+    uint8_t first[kGpuBins];  // p0 of each bin, for the lookups that need the value too
     float thr[kBlock];     // thr[unique - 1] = +inf
     float value[kBlock];   // the sorted distinct entries
     uint8_t code[kBlock];  // the lowest original index holding value[j]
@@ -166,26 +187,21 @@ __device__ __forceinline__ float next_below(float x) {
     return x == 0.0f ? __uint_as_float(0x80000001u) : __uint_as_float(x > 0.0f ? b - 1 : b + 1);
 }
 
-// Entry `lane` of the codebook, 0 for lane >= 2^K. The built-in codebook is selected
-// from the kernel parameter with constant indices (a run-time index would copy it to
-// the stack).
+// Entry `lane` of the codebook (the built-in one when cb is null), 0 for lane >= 2^K.
 template <int K>
-__device__ __forceinline__ float lane_entry(const float *cb, const CodebookParam &def, int lane) {
-    if (cb) return lane < (1 << K) ? cb[lane] : 0.0f;
-    float v = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (1 << K); ++i) v = lane == i ? def.v[i] : v;
-    return v;
+__device__ __forceinline__ float lane_entry(const float *cb, int lane) {
+    const float *book = cb ? cb : g_normal_float.v[K - 2];
+    return lane < (1 << K) ? book[lane] : 0.0f;
 }
 
 // Builds the table (the same sorted entries and ties as the host's build_search_table):
 // warp 0 sorts and ranks the entries, all threads fill the bins. Returns `single`.
 template <int K>
-__device__ bool build_quant_table(QuantTable &t, const float *cb, const CodebookParam &def) {
+__device__ bool build_quant_table(QuantTable &t, const float *cb) {
     constexpr int m = 1 << K;
     const int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
-        const float v = lane_entry<K>(cb, def, lane);
+        const float v = lane_entry<K>(cb, lane);
         bool first = lane < m;  // the lowest index holding its value
         int rank = 0;           // distinct values below v
         for (int j = 0; j < m; ++j) {
@@ -225,11 +241,9 @@ __device__ bool build_quant_table(QuantTable &t, const float *cb, const Codebook
             inside += bj == b;
         }
         single &= inside <= 1;
+        t.first[b] = static_cast<uint8_t>(below);
         const int p1 = min(below + 1, unique - 1);
-        t.bins[b] = {t.thr[below],
-                     t.code[below] | static_cast<uint32_t>(t.code[p1]) << 8 |
-                         static_cast<uint32_t>(below) << 16,
-                     t.value[below], t.value[p1]};
+        t.bins[b] = {t.thr[below], t.code[below] | static_cast<uint32_t>(t.code[p1]) << 8};
     }
     return __syncthreads_and(single);
 }
@@ -242,19 +256,23 @@ struct Pick {
 };
 
 // WithValue: the caller needs the entry's value (the E4M4 error), not only its code.
+// The code alone comes from one 8-byte bin entry. With the value, the bin gives only the
+// first index, and the threshold, value and code are read from 32-entry arrays, each
+// one shared-memory bank row wide: a 16-byte bin entry per lane would cost about three
+// times the bank conflicts on these random-access reads.
 template <bool Single, bool WithValue>
 __device__ __forceinline__ Pick nearest(const QuantTable &t, float v) {
-    const Bin *b = &t.bins[gpu_bin(v)];
+    const int bin = gpu_bin(v);
+    if (Single && WithValue) {
+        int p = t.first[bin];
+        p += v > t.thr[p];
+        return {t.value[p], t.code[p], false};
+    }
     if (Single) {
-        if (WithValue) {
-            const float4 e = *reinterpret_cast<const float4 *>(b);
-            const bool up = v > e.x;
-            return {up ? e.w : e.z, __float_as_uint(e.y), up};
-        }
-        const float2 e = *reinterpret_cast<const float2 *>(b);
+        const float2 e = *reinterpret_cast<const float2 *>(&t.bins[bin]);
         return {0.0f, __float_as_uint(e.y), v > e.x};
     }
-    int p = static_cast<int>(b->info >> 16);
+    int p = t.first[bin];
     while (v > t.thr[p]) ++p;
     return {t.value[p], t.code[p], false};
 }
@@ -293,11 +311,13 @@ __device__ __forceinline__ void pick_codes(const QuantTable &t, bool single, con
 // One tile (8 blocks) of a warp: lane (g, q) handles run q = lane >> 3 (elements
 // 8q..8q+7, one 16-byte load) of block g = lane & 7, so the 4 lanes of a block are
 // g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Full: the tile lies inside the
-// tensor and the input is 16-byte aligned (every tile but the last).
+// tensor and the input is 16-byte aligned (every tile but the last); its elements
+// arrive in raw. Otherwise the tile loads them itself, element by element.
 template <class T, int K, kbit_absmax_format FMT, bool Full>
 __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
                                               const typename T::storage *__restrict__ in,
-                                              int64_t n, float ts, float rcp_ts, void *absmax,
+                                              const Raw8<T> &raw, int64_t n, float ts,
+                                              float rcp_ts, void *absmax,
                                               uint32_t *__restrict__ packed, int64_t tile) {
     const int lane = threadIdx.x & 31;
     const int g = lane & 7, q = lane >> 3;
@@ -307,7 +327,7 @@ __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
     int nvalid = kRun;
     float x[kRun];
     if (Full) {
-        load8(T{}, in + e0, x);
+        to_float8(T{}, raw, x);  // loaded by the caller
     } else {
         const int64_t left = n - e0;
         nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
@@ -398,25 +418,34 @@ __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
 }
 
 // Quantize: each warp takes tiles of 8 blocks in a grid-stride loop over a table built
-// once per CTA.
+// once per CTA, loading the next full tile before it works on the current one.
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
-                const float *__restrict__ codebook, CodebookParam def, float ts,
+                const float *__restrict__ codebook, float ts,
                 void *__restrict__ absmax, uint32_t *__restrict__ packed) {
     __shared__ QuantTable t;
-    const bool single = build_quant_table<K>(t, codebook, def);
+    const bool single = build_quant_table<K>(t, codebook);
     const float rcp_ts = rcp_rn(ts);
     const int64_t tiles = (n + kTileElems - 1) / kTileElems;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
     const int64_t full_tiles = aligned ? n / kTileElems : 0;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+    const int lane = threadIdx.x & 31;
+    // This lane's run within a tile: block lane & 7, elements 8 * (lane >> 3) onwards.
+    const int64_t run = (lane & 7) * kBlock + (lane >> 3) * kRun;
+    Raw8<T> next{};
+    if (warp < full_tiles) next = load_raw8<T>(in + warp * kTileElems + run);
     for (int64_t tile = warp; tile < tiles; tile += warps) {
-        if (tile < full_tiles)
-            quantize_tile<T, K, FMT, true>(t, single, in, n, ts, rcp_ts, absmax, packed, tile);
-        else
-            quantize_tile<T, K, FMT, false>(t, single, in, n, ts, rcp_ts, absmax, packed, tile);
+        if (tile < full_tiles) {
+            const Raw8<T> cur = next;
+            if (tile + warps < full_tiles) next = load_raw8<T>(in + (tile + warps) * kTileElems + run);
+            quantize_tile<T, K, FMT, true>(t, single, in, cur, n, ts, rcp_ts, absmax, packed, tile);
+        } else {
+            quantize_tile<T, K, FMT, false>(t, single, in, next, n, ts, rcp_ts, absmax, packed,
+                                            tile);
+        }
     }
 }
 
@@ -459,11 +488,11 @@ __device__ __forceinline__ void load_words(const uint32_t *__restrict__ packed, 
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ absmax, float ts,
-                  const float *__restrict__ codebook, CodebookParam def, int64_t n,
+                  const float *__restrict__ codebook, int64_t n,
                   int64_t vec_elems, bool vec_words, typename T::storage *__restrict__ out) {
     __shared__ float cb_smem[kBlock];
     const int lane = threadIdx.x & 31;
-    const float cb_lane = lane_entry<K>(codebook, def, lane);
+    const float cb_lane = lane_entry<K>(codebook, lane);
     if (threadIdx.x < 32) cb_smem[lane] = cb_lane;
 
     // Vector part: whole tiles of 8 blocks, 8 elements and one 16-byte store per lane.
@@ -503,12 +532,6 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     }
 }
 
-CodebookParam default_codebook(int k) {
-    CodebookParam p{};
-    for (int i = 0; i < (1 << k); ++i) p.v[i] = kNormalFloat[k][i];
-    return p;
-}
-
 template <class T, int K, kbit_absmax_format FMT>
 cudaError_t launch_quantize(const void *in, int64_t n, const float *cb, float ts, void *absmax,
                             uint32_t *packed, cudaStream_t stream) {
@@ -518,7 +541,7 @@ cudaError_t launch_quantize(const void *in, int64_t n, const float *cb, float ts
     cudaError_t err = resident_grid<quantize_kernel<T, K, FMT>>(kThreads, 0, ctas, &grid);
     if (err != cudaSuccess) return err;
     quantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
-        static_cast<const typename T::storage *>(in), n, cb, default_codebook(K), ts, absmax,
+        static_cast<const typename T::storage *>(in), n, cb, ts, absmax,
         packed);
     return launch_error();
 }
@@ -535,7 +558,7 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
     cudaError_t err = grid_for(vec_ctas > tail_ctas ? vec_ctas : tail_ctas, kDequantCtasPerSm, &grid);
     if (err != cudaSuccess) return err;
     dequantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
-        packed, absmax, ts, cb, default_codebook(K), n, vec_elems, words_vec,
+        packed, absmax, ts, cb, n, vec_elems, words_vec,
         static_cast<typename T::storage *>(out));
     return launch_error();
 }
