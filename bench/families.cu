@@ -55,8 +55,9 @@ void add_nf4_cases(Runner &run, int64_t n, bool fp4, kbit_dtype t) {
     char label[96];
     std::snprintf(label, sizeof label, "%s %s blocksize=64", fp4 ? "FP4" : "NF4", type_name(t));
 
+    const char *family = fp4 ? "fp4" : "nf4";
     Case qc;
-    qc.family = fp4 ? "fp4" : "nf4";
+    qc.family = family;
     qc.op = "quantize";
     qc.config = label;
     qc.n = n;
@@ -75,7 +76,7 @@ void add_nf4_cases(Runner &run, int64_t n, bool fp4, kbit_dtype t) {
     run.add(std::move(qc));
 
     Case dc;
-    dc.family = qc.family;
+    dc.family = family;
     dc.op = "dequantize";
     dc.config = label;
     dc.n = n;
