@@ -150,14 +150,39 @@ __device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, in
 // entries more than 1/128 apart, as in every built-in codebook), one table read and one
 // comparison find the entry.
 
-constexpr int kGpuBins = 513;  // v in [-2, 2] in steps of 1/128; the last bin is v >= 2
+constexpr int kGpuBins = 513;  // v in [-2, 2] in steps of 1/128
 
-// floor((v + 2) * 128) clamped to [0, 512], read from the float bits: the saturated fma
-// clamps to [0, 1] and adding 1 moves the value to [1, 2], where the bits are linear.
-// Monotone in v (a NaN lands in bin 0).
+// round((v + 2) * 128) clamped to [0, 512], plus 2^23, as float bits: the saturated fma
+// clamps v / 4 + 1 / 2 to [0, 1], and adding 2^23 in the second fma rounds to an
+// integer held in the low mantissa bits. Monotone in v (a NaN lands in bin 0). Two
+// instructions; a table read then adds the bits to the table's shared-memory address
+// less the bias (one shift-add).
+constexpr uint32_t kBinBias = 0x4B000000u;  // the bits of 2^23
+__device__ __forceinline__ uint32_t gpu_bin_biased(float v) {
+    const float t = __saturatef(__fmaf_rn(v, 0.25f, 0.5f));
+    return __float_as_uint(__fmaf_rn(t, 512.0f, 8388608.0f));
+}
 __device__ __forceinline__ int gpu_bin(float v) {
-    const float t = __fadd_rn(__saturatef(__fmaf_rn(v, 0.25f, 0.5f)), 1.0f);
-    return static_cast<int>(__float_as_uint(t) >> 14) - static_cast<int>(0x3F800000u >> 14);
+    return static_cast<int>(gpu_bin_biased(v) - kBinBias);
+}
+
+// The shared-memory address of a table with elements of S bytes, less the bias times
+// S: adding biased_bin * S gives the element's address (unsigned arithmetic wraps). It
+// passes through a shuffle so that the compiler cannot split the constant back out of
+// it, which costs an add per lookup.
+template <int S>
+__device__ __forceinline__ uint32_t biased_base(const void *table) {
+    return __shfl_sync(kFull, static_cast<uint32_t>(__cvta_generic_to_shared(table)) - kBinBias * S, 0);
+}
+__device__ __forceinline__ float2 lds_float2(uint32_t addr) {
+    float2 v;
+    asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+    uint32_t v;
+    asm("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
 }
 
 struct alignas(8) Bin {  // one 8-byte shared-memory load
@@ -173,6 +198,13 @@ struct QuantTable {
     uint8_t code[kBlock];  // the lowest original index holding value[j]
     float rcp_e4m4[256];   // rcp_rn(e4m4_decode(c))
     int unique;
+};
+
+// A CTA's view of its table for the lookups: `single` and the biased table addresses.
+struct Searcher {
+    const QuantTable &t;
+    bool single;
+    uint32_t bins_at, first_at;  // biased_base of t.bins and t.first
 };
 
 // The float just below x (x finite).
@@ -255,20 +287,20 @@ struct Pick {
 // one shared-memory bank row wide: a 16-byte bin entry per lane would cost about three
 // times the bank conflicts on these random-access reads.
 template <bool Single, bool WithValue>
-__device__ __forceinline__ Pick nearest(const QuantTable &t, float v) {
-    const int bin = gpu_bin(v);
+__device__ __forceinline__ Pick nearest(const Searcher &s, float v) {
+    const uint32_t bin = gpu_bin_biased(v);
     if (Single && WithValue) {
-        int p = t.first[bin];
-        p += v > t.thr[p];
-        return {t.value[p], t.code[p], false};
+        int p = static_cast<int>(lds_u8(s.first_at + bin));
+        p += v > s.t.thr[p];
+        return {s.t.value[p], s.t.code[p], false};
     }
     if (Single) {
-        const float2 e = *reinterpret_cast<const float2 *>(&t.bins[bin]);
+        const float2 e = lds_float2(s.bins_at + bin * static_cast<uint32_t>(sizeof(Bin)));
         return {0.0f, __float_as_uint(e.y), v > e.x};
     }
-    int p = t.first[bin];
-    while (v > t.thr[p]) ++p;
-    return {t.value[p], t.code[p], false};
+    int p = static_cast<int>(lds_u8(s.first_at + bin));
+    while (v > s.t.thr[p]) ++p;
+    return {s.t.value[p], s.t.code[p], false};
 }
 
 // w with the picked code in byte e (which is zero in w): one byte permute.
@@ -280,13 +312,13 @@ __device__ __forceinline__ uint32_t put_code(uint32_t w, int e, const Pick &p) {
 // Codes of a run of 8 against the inverse scale inv: element e in byte e of lo (e < 4)
 // or byte e - 4 of hi. WithError: adds the squared errors of the valid elements to *err.
 template <bool Full, bool Single, bool WithError>
-__device__ __forceinline__ void pick_run(const QuantTable &t, const float (&x)[kRun], int nvalid,
+__device__ __forceinline__ void pick_run(const Searcher &s, const float (&x)[kRun], int nvalid,
                                          float inv, uint32_t &lo, uint32_t &hi, float *err) {
     lo = hi = 0;
 #pragma unroll
     for (int e = 0; e < kRun; ++e) {
         const float v = scaled(x[e], inv);
-        const Pick p = nearest<Single, WithError>(t, v);
+        const Pick p = nearest<Single, WithError>(s, v);
         if (WithError && (Full || e < nvalid)) *err = add_error(*err, v, p.value);
         if (e < 4) lo = put_code(lo, e, p);
         else hi = put_code(hi, e - 4, p);
@@ -295,11 +327,11 @@ __device__ __forceinline__ void pick_run(const QuantTable &t, const float (&x)[k
 
 // The same, the table's `single` decided once per run (it is uniform).
 template <bool Full, bool WithError>
-__device__ __forceinline__ void pick_codes(const QuantTable &t, bool single, const float (&x)[kRun],
-                                           int nvalid, float inv, uint32_t &lo, uint32_t &hi,
+__device__ __forceinline__ void pick_codes(const Searcher &s, const float (&x)[kRun], int nvalid,
+                                           float inv, uint32_t &lo, uint32_t &hi,
                                            float *err = nullptr) {
-    if (single) pick_run<Full, true, WithError>(t, x, nvalid, inv, lo, hi, err);
-    else pick_run<Full, false, WithError>(t, x, nvalid, inv, lo, hi, err);
+    if (s.single) pick_run<Full, true, WithError>(s, x, nvalid, inv, lo, hi, err);
+    else pick_run<Full, false, WithError>(s, x, nvalid, inv, lo, hi, err);
 }
 
 // One tile (8 blocks) of a warp: lane (g, q) handles run q = lane >> 3 (elements
@@ -308,7 +340,7 @@ __device__ __forceinline__ void pick_codes(const QuantTable &t, bool single, con
 // tensor and the input is 16-byte aligned (every tile but the last); its elements
 // arrive in raw. Otherwise the tile loads them itself, element by element.
 template <class T, int K, kbit_absmax_format FMT, bool Full>
-__device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
+__device__ __forceinline__ void quantize_tile(const Searcher &s,
                                               const typename T::storage *__restrict__ in,
                                               const Raw8<T> &raw, int64_t n, float ts,
                                               float rcp_ts, void *absmax,
@@ -355,7 +387,7 @@ __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
             const float dc = e4m4_decode(cc);
             float acc = 0.0f;
             uint32_t clo, chi;
-            pick_codes<Full, true>(t, single, x, nvalid, e4m4_inverse(t.rcp_e4m4[cc], rcp_ts),
+            pick_codes<Full, true>(s, x, nvalid, e4m4_inverse(s.t.rcp_e4m4[cc], rcp_ts),
                                    clo, chi, &acc);
             acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 8));   // r0 + r1, r2 + r3
             acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));  // (r0 + r1) + (r2 + r3)
@@ -372,9 +404,9 @@ __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
             const float dec = e4m4_decode(best);
             const bool searched = finite && !over && dec > 0.0f;
             const float inv = !finite    ? 0.0f
-                              : searched ? e4m4_inverse(t.rcp_e4m4[best], rcp_ts)
+                              : searched ? e4m4_inverse(s.t.rcp_e4m4[best], rcp_ts)
                                          : inverse_scale(mul_rn(dec, ts));
-            pick_codes<Full, false>(t, single, x, nvalid, inv, lo, hi);
+            pick_codes<Full, false>(s, x, nvalid, inv, lo, hi);
         }
     } else {
         float dec;
@@ -391,7 +423,7 @@ __device__ __forceinline__ void quantize_tile(const QuantTable &t, bool single,
             if (q == 0 && b < blocks) static_cast<uint16_t *>(absmax)[b] = h;
             dec = f16_bits_to_f32(h);
         }
-        pick_codes<Full, false>(t, single, x, nvalid,
+        pick_codes<Full, false>(s, x, nvalid,
                                 finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f, lo, hi);
     }
 
@@ -419,7 +451,8 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
                 const float *__restrict__ codebook, float ts,
                 void *__restrict__ absmax, uint32_t *__restrict__ packed) {
     __shared__ QuantTable t;
-    const bool single = build_quant_table<K>(t, codebook);
+    const Searcher s{t, build_quant_table<K>(t, codebook), biased_base<sizeof(Bin)>(t.bins),
+                     biased_base<1>(t.first)};
     const float rcp_ts = rcp_rn(ts);
     const int64_t tiles = (n + kTileElems - 1) / kTileElems;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
@@ -435,10 +468,9 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
         if (tile < full_tiles) {
             const Raw8<T> cur = next;
             if (tile + warps < full_tiles) next = load_raw8<T>(in + (tile + warps) * kTileElems + run);
-            quantize_tile<T, K, FMT, true>(t, single, in, cur, n, ts, rcp_ts, absmax, packed, tile);
+            quantize_tile<T, K, FMT, true>(s, in, cur, n, ts, rcp_ts, absmax, packed, tile);
         } else {
-            quantize_tile<T, K, FMT, false>(t, single, in, next, n, ts, rcp_ts, absmax, packed,
-                                            tile);
+            quantize_tile<T, K, FMT, false>(s, in, next, n, ts, rcp_ts, absmax, packed, tile);
         }
     }
 }
