@@ -9,10 +9,15 @@
 // buffer is (GGUF data is 32-byte aligned); 210-byte blocks are tested per block;
 // 18- and 34-byte blocks use 2-byte loads.
 //
+// Each thread issues all of its loads before it uses any loaded value (gguf.h orders
+// the decoders so): the loads of a 210-byte block branch on its alignment, and header
+// math placed before those branches made each thread wait for two memory latencies in
+// a row. That held Q6_K to fp16/bf16 at 89% (fewer loads, 4-element groups and
+// shared-memory staging had not helped); Q6_K to fp32, whose 4-byte loads need no
+// branch, was at 98%.
+//
 // Measured on an H100 (2^28 elements, against a device-to-device copy of the same
-// bytes): 96-98% for every type and output, except Q6_K to fp16/bf16 at 89% (likely
-// instruction-bound: fewer loads, 4-element groups and shared-memory staging of the
-// blocks did not help).
+// bytes): 96-98% for every type and output (Q6_K fp16/bf16: to be re-measured).
 #include "cuda_utils.cuh"
 #include "gguf.h"
 

@@ -126,6 +126,8 @@ KBIT_HD void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t s2, int s, uint32_t
 // of packed bytes. Loader interface: ld.template words<N, OffAlign>(off, w) fills
 // w[0..N-1] with the 4N bytes at byte offset `off` of the block, off being a multiple
 // of OffAlign (>= 2); ld.u16(off) reads 2 bytes at an even offset, ld.byte(off) one.
+// Every load comes before any use of a loaded value: the device loader may branch on
+// alignment, and math placed before such a branch delays the loads behind it.
 
 // Q4_0: element e is the low nibble of qs[e] (e < 16) or the high nibble of qs[e-16].
 struct Q4_0 {
@@ -163,13 +165,13 @@ struct Q4_K {
     template <int G, class L>
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
         uint32_t h[4], q[G / 4];
-        ld.template words<4, 16>(0, h);  // d, dmin, scales[12]
         const int s = e0 >> 5, l0 = e0 & 31;
-        uint32_t sc, mn;
+        ld.template words<4, 16>(0, h);  // d, dmin, scales[12]
+        ld.template words<G / 4, G>(offsetof(BlockQ4_K, qs) + 32 * (s >> 1) + l0, q);
+        uint32_t sc, mn;  // after the loads (see above)
         scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
         const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
         const float m1 = mul_rn(half_hi(h[0]), static_cast<float>(mn));
-        ld.template words<G / 4, G>(offsetof(BlockQ4_K, qs) + 32 * (s >> 1) + l0, q);
         const int shift = 4 * (s & 1);
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i)
@@ -182,14 +184,14 @@ struct Q5_K {
     template <int G, class L>
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
         uint32_t h[4], q[G / 4], qh[G / 4];
-        ld.template words<4, 16>(0, h);
         const int s = e0 >> 5, l0 = e0 & 31;
-        uint32_t sc, mn;
+        ld.template words<4, 16>(0, h);
+        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qh) + l0, qh);
+        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qs) + 32 * (s >> 1) + l0, q);
+        uint32_t sc, mn;  // after the loads (see above)
         scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
         const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
         const float m1 = mul_rn(half_hi(h[0]), static_cast<float>(mn));
-        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qh) + l0, qh);
-        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qs) + 32 * (s >> 1) + l0, q);
         const int shift = 4 * (s & 1);
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i) {
@@ -209,12 +211,13 @@ struct Q6_K {
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
         uint32_t ql[G / 4], qh[G / 4];
         const int hf = e0 >> 7, r = (e0 >> 5) & 3, l0 = e0 & 31;
-        const float d = half_to_f32(ld.u16(offsetof(BlockQ6_K, d)));
-        const int8_t sc = static_cast<int8_t>(
-            ld.byte(offsetof(BlockQ6_K, scales) + 8 * hf + 2 * r + (l0 >> 4)));
-        const float ds = mul_rn(d, static_cast<float>(sc));
+        const uint32_t d = ld.u16(offsetof(BlockQ6_K, d));
+        const uint32_t sc = ld.byte(offsetof(BlockQ6_K, scales) + 8 * hf + 2 * r + (l0 >> 4));
         ld.template words<G / 4, G>(offsetof(BlockQ6_K, ql) + 64 * hf + 32 * (r & 1) + l0, ql);
         ld.template words<G / 4, G>(offsetof(BlockQ6_K, qh) + 32 * hf + l0, qh);
+        // Scale math after the element loads (see above): placed before them, it made
+        // every GPU thread wait for d and sc first, two memory latencies in a row.
+        const float ds = mul_rn(half_to_f32(d), static_cast<float>(static_cast<int8_t>(sc)));
         const int lshift = 4 * (r >> 1), hshift = 2 * r;
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i) {

@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda_utils.cuh"
 #include "kbit_api.h"
 #include "kbit_format.h"
@@ -146,65 +148,93 @@ __device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, in
 // the thresholds: thr[j] is mid[j], or the float just below it when the tie goes up,
 // so the entry index is #{j : v > thr[j]}, the same index for every v. Any monotone
 // binning of v then gives a lower bound of that count per bin, so the GPU uses its
-// own, cheapest one (gpu_bin). When every bin holds at most one threshold (`single`:
-// entries more than 1/128 apart, as in every built-in codebook), one table read and one
-// comparison find the entry.
+// own: 2^(K+1) steps over [-1, 1], clamped. When every bin holds at most one threshold
+// (`single`: true of every built-in codebook, and of any codebook whose entries are
+// more than 2^-K apart within [-1, 1]), one table read and one comparison find the
+// entry; otherwise the search walks the thresholds from the bin's first one.
+//
+// The lookups are random reads of shared memory, and bank conflicts between the lanes
+// of a warp were the quantizer's bottleneck (ncu: about 6 wavefronts per 8-byte read
+// with one 513-bin table). The bin table is therefore small and replicated: lane l
+// reads copy l % kCopies, laid out so that the lanes of one shared-memory phase (16
+// lanes for 8-byte reads, 8 for 16-byte reads) always hit distinct banks.
 
-constexpr int kGpuBins = 513;  // v in [-2, 2] in steps of 1/128
+template <int K>
+constexpr int kGpuBins = (2 << K) + 1;
 
-// round((v + 2) * 128) clamped to [0, 512], plus 2^23, as float bits: the saturated fma
-// clamps v / 4 + 1 / 2 to [0, 1], and adding 2^23 in the second fma rounds to an
-// integer held in the low mantissa bits. Monotone in v (a NaN lands in bin 0). Two
-// instructions; a table read then adds the bits to the table's shared-memory address
-// less the bias (one shift-add).
+// round((v / 2 + 1 / 2) * 2^(K+1)) clamped to [0, 2^(K+1)], plus 2^23, as float bits:
+// the saturated fma clamps, and adding 2^23 in the second fma rounds to an integer
+// held in the low mantissa bits. Monotone in v (a NaN lands in bin 0). Two
+// instructions; a table address is then one multiply-add onto a biased base.
 constexpr uint32_t kBinBias = 0x4B000000u;  // the bits of 2^23
+template <int K>
 __device__ __forceinline__ uint32_t gpu_bin_biased(float v) {
-    const float t = __saturatef(__fmaf_rn(v, 0.25f, 0.5f));
-    return __float_as_uint(__fmaf_rn(t, 512.0f, 8388608.0f));
+    const float t = __saturatef(__fmaf_rn(v, 0.5f, 0.5f));
+    return __float_as_uint(__fmaf_rn(t, static_cast<float>(2 << K), 8388608.0f));
 }
+template <int K>
 __device__ __forceinline__ int gpu_bin(float v) {
-    return static_cast<int>(gpu_bin_biased(v) - kBinBias);
+    return static_cast<int>(gpu_bin_biased<K>(v) - kBinBias);
 }
 
-// The shared-memory address of a table with elements of S bytes, less the bias times
-// S: adding biased_bin * S gives the element's address (unsigned arithmetic wraps). It
-// passes through a shuffle so that the compiler cannot split the constant back out of
-// it, which costs an add per lookup.
-template <int S>
-__device__ __forceinline__ uint32_t biased_base(const void *table) {
-    return __shfl_sync(kFull, static_cast<uint32_t>(__cvta_generic_to_shared(table)) - kBinBias * S, 0);
+// Bin entries. Code only: the bin's first threshold thr[p0] and the codes of entries p0
+// and p0 + 1 (info = code | code << 8). With the value (the E4M4 error): also the two
+// entries' values.
+struct Bin8 {
+    float thr;
+    uint32_t info;
+};
+struct alignas(16) Bin16 {
+    float thr;
+    uint32_t info;
+    float lo, hi;
+};
+
+template <int K, bool WithValue>
+struct QuantTable {
+    using Entry = std::conditional_t<WithValue, Bin16, Bin8>;
+    static constexpr int kBins = kGpuBins<K>;
+    static constexpr int kCopies = WithValue ? 8 : 16;  // lanes per shared-memory phase
+    Entry bins[kBins][kCopies];  // copy c of bin b: banks 2c or 4c onwards, for every b
+    uint8_t first[kBins];        // p0 of each bin, where the walk starts
+    float thr[kBlock];           // thr[unique - 1] = +inf
+    float value[kBlock];         // the sorted distinct entries
+    uint8_t code[kBlock];        // the lowest original index holding value[j]
+    float rcp_e4m4[256];         // rcp_rn(e4m4_decode(c))
+    int unique;
+};
+
+// The shared-memory address of this lane's copy of bins[0], less the bin bias times
+// the bin stride: adding biased_bin * stride gives the entry's address (unsigned
+// arithmetic wraps). It passes through a shuffle so that the compiler cannot split the
+// constant back out, which would cost an add per lookup.
+template <class Table>
+__device__ __forceinline__ uint32_t biased_bins(const Table &t) {
+    constexpr uint32_t stride = sizeof(t.bins[0]);
+    const uint32_t at = static_cast<uint32_t>(
+        __cvta_generic_to_shared(&t.bins[0][(threadIdx.x & 31) % Table::kCopies]));
+    return __shfl_sync(kFull, at - kBinBias * stride, threadIdx.x & 31);
 }
 __device__ __forceinline__ float2 lds_float2(uint32_t addr) {
     float2 v;
     asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
     return v;
 }
-__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
-    uint32_t v;
-    asm("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+__device__ __forceinline__ float4 lds_float4(uint32_t addr) {
+    float4 v;
+    asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "r"(addr));
     return v;
 }
 
-struct alignas(8) Bin {  // one 8-byte shared-memory load
-    float thr;              // the first threshold at or above the bin's lower bound: thr[p0]
-    uint32_t info;          // code of entry p0 | code of entry p0 + 1 << 8
-};
-
-struct QuantTable {
-    Bin bins[kGpuBins];
-    uint8_t first[kGpuBins];  // p0 of each bin, for the lookups that need the value too
-    float thr[kBlock];     // thr[unique - 1] = +inf
-    float value[kBlock];   // the sorted distinct entries
-    uint8_t code[kBlock];  // the lowest original index holding value[j]
-    float rcp_e4m4[256];   // rcp_rn(e4m4_decode(c))
-    int unique;
-};
-
-// A CTA's view of its table for the lookups: `single` and the biased table addresses.
+// A lane's view of its CTA's table for the lookups.
+template <int K, bool WithValue>
 struct Searcher {
-    const QuantTable &t;
+    using Table = QuantTable<K, WithValue>;
+    const Table &t;
     bool single;
-    uint32_t bins_at, first_at;  // biased_base of t.bins and t.first
+    uint32_t bins_at;  // biased_bins(t)
 };
 
 // The float just below x (x finite).
@@ -221,9 +251,11 @@ __device__ __forceinline__ float lane_entry(const float *cb, int lane) {
 }
 
 // Builds the table (the same sorted entries and ties as the host's build_search_table):
-// warp 0 sorts and ranks the entries, all threads fill the bins. Returns `single`.
-template <int K>
-__device__ bool build_quant_table(QuantTable &t, const float *cb) {
+// warp 0 sorts and ranks the entries, one thread per bin fills the bin's copies.
+// Returns `single`.
+template <int K, bool WithValue>
+__device__ bool build_quant_table(QuantTable<K, WithValue> &t, const float *cb) {
+    using Table = QuantTable<K, WithValue>;
     constexpr int m = 1 << K;
     const int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
@@ -259,46 +291,48 @@ __device__ bool build_quant_table(QuantTable &t, const float *cb) {
     __syncthreads();
     const int unique = t.unique;
     bool single = true;
-    for (int b = threadIdx.x; b < kGpuBins; b += blockDim.x) {
+    for (int b = threadIdx.x; b < Table::kBins; b += blockDim.x) {
         int below = 0, inside = 0;
         for (int j = 0; j + 1 < unique; ++j) {
-            const int bj = gpu_bin(t.thr[j]);
+            const int bj = gpu_bin<K>(t.thr[j]);
             below += bj < b;
             inside += bj == b;
         }
         single &= inside <= 1;
         t.first[b] = static_cast<uint8_t>(below);
         const int p1 = min(below + 1, unique - 1);
-        t.bins[b] = {t.thr[below], t.code[below] | static_cast<uint32_t>(t.code[p1]) << 8};
+        typename Table::Entry e;
+        e.thr = t.thr[below];
+        e.info = t.code[below] | static_cast<uint32_t>(t.code[p1]) << 8;
+        if constexpr (WithValue) e.lo = t.value[below], e.hi = t.value[p1];
+        for (int c = 0; c < Table::kCopies; ++c) t.bins[b][c] = e;
     }
     return __syncthreads_and(single);
 }
 
-// The entry nearest to v: its value, and its code as byte `up` of `info`.
+// The entry nearest to v: its value (if the table has them), and its code as byte `up`
+// of `info`.
 struct Pick {
     float value;
     uint32_t info;
     bool up;
 };
 
-// WithValue: the caller needs the entry's value (the E4M4 error), not only its code.
-// The code alone comes from one 8-byte bin entry. With the value, the bin gives only the
-// first index, and the threshold, value and code are read from 32-entry arrays, each
-// one shared-memory bank row wide: a 16-byte bin entry per lane would cost about three
-// times the bank conflicts on these random-access reads.
-template <bool Single, bool WithValue>
-__device__ __forceinline__ Pick nearest(const Searcher &s, float v) {
-    const uint32_t bin = gpu_bin_biased(v);
-    if (Single && WithValue) {
-        int p = static_cast<int>(lds_u8(s.first_at + bin));
-        p += v > s.t.thr[p];
-        return {s.t.value[p], s.t.code[p], false};
-    }
+template <bool Single, int K, bool WithValue>
+__device__ __forceinline__ Pick nearest(const Searcher<K, WithValue> &s, float v) {
+    constexpr uint32_t stride = sizeof(s.t.bins[0]);
+    const uint32_t bin = gpu_bin_biased<K>(v);
     if (Single) {
-        const float2 e = lds_float2(s.bins_at + bin * static_cast<uint32_t>(sizeof(Bin)));
-        return {0.0f, __float_as_uint(e.y), v > e.x};
+        if constexpr (WithValue) {
+            const float4 e = lds_float4(s.bins_at + bin * stride);
+            const bool up = v > e.x;
+            return {up ? e.w : e.z, __float_as_uint(e.y), up};
+        } else {
+            const float2 e = lds_float2(s.bins_at + bin * stride);
+            return {0.0f, __float_as_uint(e.y), v > e.x};
+        }
     }
-    int p = static_cast<int>(lds_u8(s.first_at + bin));
+    int p = s.t.first[bin - kBinBias];
     while (v > s.t.thr[p]) ++p;
     return {s.t.value[p], s.t.code[p], false};
 }
@@ -311,14 +345,14 @@ __device__ __forceinline__ uint32_t put_code(uint32_t w, int e, const Pick &p) {
 
 // Codes of a run of 8 against the inverse scale inv: element e in byte e of lo (e < 4)
 // or byte e - 4 of hi. WithError: adds the squared errors of the valid elements to *err.
-template <bool Full, bool Single, bool WithError>
-__device__ __forceinline__ void pick_run(const Searcher &s, const float (&x)[kRun], int nvalid,
+template <bool Full, bool Single, bool WithError, class S>
+__device__ __forceinline__ void pick_run(const S &s, const float (&x)[kRun], int nvalid,
                                          float inv, uint32_t &lo, uint32_t &hi, float *err) {
     lo = hi = 0;
 #pragma unroll
     for (int e = 0; e < kRun; ++e) {
         const float v = scaled(x[e], inv);
-        const Pick p = nearest<Single, WithError>(s, v);
+        const Pick p = nearest<Single>(s, v);
         if (WithError && (Full || e < nvalid)) *err = add_error(*err, v, p.value);
         if (e < 4) lo = put_code(lo, e, p);
         else hi = put_code(hi, e - 4, p);
@@ -326,8 +360,8 @@ __device__ __forceinline__ void pick_run(const Searcher &s, const float (&x)[kRu
 }
 
 // The same, the table's `single` decided once per run (it is uniform).
-template <bool Full, bool WithError>
-__device__ __forceinline__ void pick_codes(const Searcher &s, const float (&x)[kRun], int nvalid,
+template <bool Full, bool WithError, class S>
+__device__ __forceinline__ void pick_codes(const S &s, const float (&x)[kRun], int nvalid,
                                            float inv, uint32_t &lo, uint32_t &hi,
                                            float *err = nullptr) {
     if (s.single) pick_run<Full, true, WithError>(s, x, nvalid, inv, lo, hi, err);
@@ -340,7 +374,7 @@ __device__ __forceinline__ void pick_codes(const Searcher &s, const float (&x)[k
 // tensor and the input is 16-byte aligned (every tile but the last); its elements
 // arrive in raw. Otherwise the tile loads them itself, element by element.
 template <class T, int K, kbit_absmax_format FMT, bool Full>
-__device__ __forceinline__ void quantize_tile(const Searcher &s,
+__device__ __forceinline__ void quantize_tile(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
                                               const typename T::storage *__restrict__ in,
                                               const Raw8<T> &raw, int64_t n, float ts,
                                               float rcp_ts, void *absmax,
@@ -450,9 +484,9 @@ __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
                 const float *__restrict__ codebook, float ts,
                 void *__restrict__ absmax, uint32_t *__restrict__ packed) {
-    __shared__ QuantTable t;
-    const Searcher s{t, build_quant_table<K>(t, codebook), biased_base<sizeof(Bin)>(t.bins),
-                     biased_base<1>(t.first)};
+    constexpr bool kWithValue = FMT == KBIT_ABSMAX_E4M4;
+    __shared__ QuantTable<K, kWithValue> t;
+    const Searcher<K, kWithValue> s{t, build_quant_table(t, codebook), biased_bins(t)};
     const float rcp_ts = rcp_rn(ts);
     const int64_t tiles = (n + kTileElems - 1) / kTileElems;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
