@@ -116,6 +116,9 @@ KBIT_HD uint16_t f32_to_f16_bits(float f) {
 }
 
 KBIT_HD float f16_bits_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(h));  // exact; the same bits as below (NaN: a NaN)
+#else
     uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1Fu;
     uint32_t m = h & 0x3FFu;
@@ -123,6 +126,7 @@ KBIT_HD float f16_bits_to_f32(uint16_t h) {
     if (e != 0) return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
     float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
     return sign ? -v : v;
+#endif
 }
 
 // float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FFF.

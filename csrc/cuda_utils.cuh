@@ -54,6 +54,17 @@ cudaError_t resident_grid(int threads, size_t smem, int64_t work_blocks, int *gr
     return grid_for(work_blocks, b, grid);
 }
 
+// Two floats rounded to T (fp16/bf16) and packed into one word, a in the low half (the
+// lower address): the kernels build 16-byte stores from these.
+__device__ __forceinline__ uint32_t pack2(F16, float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 // After a launch: the launch's own error, if any.
 inline cudaError_t launch_error() { return cudaGetLastError(); }
 

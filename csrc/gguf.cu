@@ -112,15 +112,6 @@ struct DeviceLoader {
     __device__ __forceinline__ uint32_t byte(int off) const { return __ldg(p + off); }
 };
 
-__device__ __forceinline__ uint32_t pack2(F16, float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
 // Outputs per thread: one 16-byte store.
 template <class Fmt, class T>
 constexpr int group_elems() { return 16 / static_cast<int>(sizeof(typename T::storage)); }

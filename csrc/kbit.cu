@@ -51,14 +51,6 @@ __device__ const DeviceCodebooks g_normal_float = make_device_codebooks();
 
 // Packs 8 floats into 16 bytes of T: one 16-byte store. (A plain assignment through a
 // uint4 pointer compiled to four 4-byte stores here, which cost 5-20% of bandwidth.)
-__device__ __forceinline__ uint32_t pack2(F16, float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
 template <class T>
 __device__ __forceinline__ void store8(T, uint16_t *out, const float (&v)[8]) {
     __stwb(reinterpret_cast<uint4 *>(out), make_uint4(pack2(T{}, v[0], v[1]), pack2(T{}, v[2], v[3]),

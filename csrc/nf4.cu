@@ -58,15 +58,6 @@ DynamicMap builtin_map() {
     return m;
 }
 
-__device__ __forceinline__ uint32_t pack2(F16, float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);  // a in the low half: the lower address
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-__device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
 // A chunk is the E = 16 / sizeof(T) consecutive elements of one 16-byte load or
 // store (8 for fp16/bf16, 4 for fp32), packed in E/2 bytes. The 32 lanes of a warp
 // take 32 consecutive chunks, so every memory instruction of a warp is contiguous.

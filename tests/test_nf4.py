@@ -633,14 +633,23 @@ def test_gpu_quantize_matches_host(rng, qt, tag):
 
 
 @requires_gpu
-def test_gpu_quantize_special_blocks():
+@pytest.mark.parametrize("tag", TAGS)
+def test_gpu_quantize_special_blocks(tag):
+    # Zero, all-NaN, inf, partial-NaN and subnormal-only blocks (subnormal in the input
+    # type: fp16 ones are normal floats, bf16 ones are float subnormals), in every input
+    # type: the 16-bit kernels take the block maximum on packed 16-bit pairs.
+    sub = {"fp32": 1e-42, "fp16": 3e-6, "bf16": 1e-39}[tag]
     x = np.concatenate([np.zeros(64, np.float32), np.full(4096, np.nan, np.float32),
-                        np.full(100, np.inf, np.float32), np.full(77, np.nan, np.float32)])
+                        np.full(100, np.inf, np.float32), np.full(4096, sub, np.float32),
+                        np.full(77, np.nan, np.float32)])
     x[4200] = 1e-42
+    x[4300:8300:7] *= -0.5  # mixed-sign subnormals
+    x[8300] = -np.inf
+    xin = to_input(x, tag)
     for qt in QTYPES:
         for bs in (32, 64, 4096):
-            hp, ha = host_quantize(qt, "fp32", x, bs)
-            gp, ga = gpu_quantize(qt, "fp32", x, bs)
+            hp, ha = host_quantize(qt, tag, xin, bs)
+            gp, ga = gpu_quantize(qt, tag, xin, bs)
             assert np.array_equal(gp, hp) and np.array_equal(ga.view(np.uint32), ha.view(np.uint32))
 
 
