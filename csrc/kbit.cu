@@ -360,33 +360,22 @@ __device__ __forceinline__ void pick_codes(const S &s, const float (&x)[kRun], i
     else pick_run<Full, false, WithError>(s, x, nvalid, inv, lo, hi, err);
 }
 
-// One tile (8 blocks) of a warp: lane (g, q) handles run q = lane >> 3 (elements
-// 8q..8q+7, one 16-byte load) of block g = lane & 7, so the 4 lanes of a block are
-// g, g+8, g+16, g+24 and reduce with shfl_xor 8 and 16. Full: the tile lies inside the
-// tensor and the input is 16-byte aligned (every tile but the last); its elements
-// arrive in raw. Otherwise the tile loads them itself, element by element.
-template <class T, int K, kbit_absmax_format FMT, bool Full>
-__device__ __forceinline__ void quantize_tile(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
-                                              const typename T::storage *__restrict__ in,
-                                              const Raw8<T> &raw, int64_t n, float ts,
-                                              float rcp_ts, void *absmax,
-                                              uint32_t *__restrict__ packed, int64_t tile) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane & 7, q = lane >> 3;
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    const int64_t b = tile * 8 + g;
-    const int64_t e0 = b * kBlock + q * kRun;
-    int nvalid = kRun;
-    float x[kRun];
-    if (Full) {
-        to_float8(T{}, raw, x);  // loaded by the caller
-    } else {
-        const int64_t left = n - e0;
-        nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
-#pragma unroll
-        for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, in[e0 + e]) : 0.0f;
-    }
+// The scale type of an absmax format.
+template <kbit_absmax_format FMT>
+using ScaleT = std::conditional_t<FMT == KBIT_ABSMAX_FP32, float,
+                                  std::conditional_t<FMT == KBIT_ABSMAX_FP16, uint16_t, uint8_t>>;
 
+// One lane's run of a tile (8 blocks): lane (g, q) has run q = lane >> 3 (elements
+// 8q..8q+7) of block g = lane & 7, so the 4 lanes of a block are g, g+8, g+16, g+24
+// and reduce with shfl_xor 8 and 16. x: the run (nvalid elements, the rest 0); Full:
+// all 8 valid. Writes the block's scale to *scale (lane q == 0) and its plane words to
+// words[0..K) when `in_range` (the block exists).
+template <class T, int K, kbit_absmax_format FMT, bool Full>
+__device__ __forceinline__ void quantize_run(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
+                                             const float (&x)[kRun], int nvalid, float ts,
+                                             float rcp_ts, ScaleT<FMT> *scale,
+                                             uint32_t *__restrict__ words, bool in_range) {
+    const int q = (threadIdx.x & 31) >> 3;
     uint32_t amax_bits = 0;
 #pragma unroll
     for (int e = 0; e < kRun; ++e)
@@ -425,7 +414,7 @@ __device__ __forceinline__ void quantize_tile(const Searcher<K, FMT == KBIT_ABSM
                 hi = chi;
             }
         }
-        if (q == 0 && b < blocks) static_cast<uint8_t *>(absmax)[b] = static_cast<uint8_t>(best);
+        if (q == 0 && in_range) *scale = static_cast<uint8_t>(best);
         if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
             const float dec = e4m4_decode(best);
             const bool searched = finite && !over && dec > 0.0f;
@@ -440,13 +429,13 @@ __device__ __forceinline__ void quantize_tile(const Searcher<K, FMT == KBIT_ABSM
             // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
             over = finite && a_s > kF32Max;
             dec = !finite ? NAN : (over ? kF32Max : a_s);
-            if (q == 0 && b < blocks) static_cast<float *>(absmax)[b] = dec;
+            if (q == 0 && in_range) *scale = dec;
         } else {
             over = finite && a_s > kF16Max;
             uint16_t h = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
             if (f16_bits_to_f32(h) < a_s) ++h;
             h = !finite ? 0x7E00 : (over ? 0x7BFF : h);
-            if (q == 0 && b < blocks) static_cast<uint16_t *>(absmax)[b] = h;
+            if (q == 0 && in_range) *scale = h;
             dec = f16_bits_to_f32(h);
         }
         pick_codes<Full, false>(s, x, nvalid,
@@ -462,15 +451,17 @@ __device__ __forceinline__ void quantize_tile(const Searcher<K, FMT == KBIT_ABSM
     // Bit planes: lane (g, q) ends with plane q (and plane 4 on q == 0 for K = 5).
     uint32_t word4 = 0;
     const uint32_t word = pack_run_planes<K>(lo, hi, q, word4);
-    if (Full || b < blocks) {
-        if (q < K) packed[b * K + q] = word;
-        if (K == 5 && q == 0) packed[b * K + 4] = word4;
+    if (in_range) {
+        if (q < K) words[q] = word;
+        if (K == 5 && q == 0) words[4] = word4;
         if (q == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
     }
 }
 
 // Quantize: each warp takes tiles of 8 blocks in a grid-stride loop over a table built
-// once per CTA, loading the next full tile before it works on the current one.
+// once per CTA, loading the next full tile before it works on the current one. The
+// lane's input, scale and word pointers advance by one stride per iteration (64-bit
+// index arithmetic per tile had cost several instructions per element).
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
@@ -481,22 +472,34 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
     const Searcher<K, kWithValue> s{t, build_quant_table(t, codebook), biased_bins(t)};
     const float rcp_ts = rcp_rn(ts);
     const int64_t tiles = (n + kTileElems - 1) / kTileElems;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
     const int64_t full_tiles = aligned ? n / kTileElems : 0;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
     const int lane = threadIdx.x & 31;
-    // This lane's run within a tile: block lane & 7, elements 8 * (lane >> 3) onwards.
-    const int64_t run = (lane & 7) * kBlock + (lane >> 3) * kRun;
+    // This lane's block and run in the warp's first tile, and the strides per tile.
+    int64_t b = warp * kTileBlocks + (lane & 7);
+    const int run = (lane >> 3) * kRun;
+    const typename T::storage *src = in + b * kBlock + run;
+    ScaleT<FMT> *scale = static_cast<ScaleT<FMT> *>(absmax) + b;
+    uint32_t *words = packed + b * K;
+    const int64_t step = warps * kTileBlocks;  // blocks
     Raw8<T> next{};
-    if (warp < full_tiles) next = load_raw8<T>(in + warp * kTileElems + run);
-    for (int64_t tile = warp; tile < tiles; tile += warps) {
+    if (warp < full_tiles) next = load_raw8<T>(src);
+    for (int64_t tile = warp; tile < tiles;
+         tile += warps, b += step, src += step * kBlock, scale += step, words += step * K) {
+        float x[kRun];
         if (tile < full_tiles) {
-            const Raw8<T> cur = next;
-            if (tile + warps < full_tiles) next = load_raw8<T>(in + (tile + warps) * kTileElems + run);
-            quantize_tile<T, K, FMT, true>(s, in, cur, n, ts, rcp_ts, absmax, packed, tile);
-        } else {
-            quantize_tile<T, K, FMT, false>(s, in, next, n, ts, rcp_ts, absmax, packed, tile);
+            to_float8(T{}, next, x);
+            if (tile + warps < full_tiles) next = load_raw8<T>(src + step * kBlock);
+            quantize_run<T, K, FMT, true>(s, x, kRun, ts, rcp_ts, scale, words, true);
+        } else {  // the last tile, or an unaligned input: element by element
+            const int64_t left = n - (b * kBlock + run);
+            const int nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
+#pragma unroll
+            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, src[e]) : 0.0f;
+            quantize_run<T, K, FMT, false>(s, x, nvalid, ts, rcp_ts, scale, words, b < blocks);
         }
     }
 }
