@@ -1,12 +1,14 @@
 // kbit quantize / dequantize on the GPU: kernels, launchers and the exported entries.
 //
-// Quantize: a warp takes 8 blocks of 32 at a time, 4 lanes per block with 8 elements
-// each (16-byte loads). The absmax is a 4-lane max, the E4M4 scale is chosen among 4
-// candidate codes by the least squared error (summed in a fixed order, so the CPU makes
-// the same choice), each element gets the nearest codebook entry from a shared-memory
-// search table and one comparison, and the 4 lanes build the K bit-plane words with a byte
-// gather and a 4x4 shuffle transpose (measured faster than __ballot_sync here, see
-// bench/RESULTS.md).
+// Quantize: a warp takes 16 blocks of 32 at a time, 2 lanes per block with 16 elements
+// each (two 16-byte loads for 16-bit input), so the per-block work (absmax, scale,
+// reciprocal, packing, stores) is shared by 2 lanes rather than repeated by 4 or 32.
+// The absmax is a 2-lane max; the E4M4 scale is chosen among 4 candidate codes by the
+// least squared error (summed in a fixed order, so the CPU makes the same choice); each
+// element gets the nearest codebook entry from a conflict-free shared-memory search
+// table and one comparison; the bit planes come from a byte gather (multiplies, see
+// gather_planes) and one exchange of half-words between the 2 lanes. How each step
+// was measured: bench/RESULTS.md.
 //
 // Dequantize: each lane turns 8 consecutive elements of a block into one 16-byte store
 // (two for fp32): it reads the block's K words, spreads the K bit planes of its byte
@@ -27,8 +29,11 @@ namespace {
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileBlocks = 8;  // blocks per warp tile, quantize and dequantize
+constexpr int kTileBlocks = 8;  // dequantize: blocks per warp tile, 8 elements per lane
 constexpr int kTileElems = kTileBlocks * kBlock;
+constexpr int kLaneElems = 16;   // quantize: elements per lane, 2 lanes per block
+constexpr int kQTileBlocks = 16;  // quantize: blocks per warp tile
+constexpr int kQTileElems = kQTileBlocks * kBlock;
 // Dequantize launches one tile per warp, enough CTAs to cover about 2^30 elements before
 // it grid-strides: short-lived CTAs keep every SM's loads in flight, where long-lived
 // ones that loop wait on each iteration's loads (measured: bench/RESULTS.md).
@@ -61,76 +66,94 @@ __device__ __forceinline__ void store8(F32, float *out, const float (&v)[8]) {
     reinterpret_cast<float4 *>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// 8 consecutive elements (16-byte aligned) as loaded, streaming (read once), and as
-// float: the quantizer issues the next tile's load before working on this one.
+// A lane's 16 consecutive input elements (16-byte aligned) as loaded, streaming (read
+// once), and as float: the quantizer issues the next tile's loads before it works on
+// the current one.
 template <class T>
-struct Raw8 {
-    uint4 r[sizeof(typename T::storage) / 2];
+struct Raw16 {
+    uint4 r[sizeof(typename T::storage) * kLaneElems / 16];
 };
 template <class T>
-__device__ __forceinline__ Raw8<T> load_raw8(const typename T::storage *in) {
-    Raw8<T> raw;
+__device__ __forceinline__ Raw16<T> load_raw16(const typename T::storage *in) {
+    Raw16<T> raw;
 #pragma unroll
     for (int i = 0; i < static_cast<int>(sizeof(raw.r) / 16); ++i)
         raw.r[i] = __ldcs(reinterpret_cast<const uint4 *>(in) + i);
     return raw;
 }
-__device__ __forceinline__ void to_float8(F16, const Raw8<F16> &raw, float (&x)[8]) {
+__device__ __forceinline__ void to_float16(F16, const Raw16<F16> &raw, float (&x)[kLaneElems]) {
     const __half2 *h = reinterpret_cast<const __half2 *>(&raw.r[0]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kLaneElems / 2; ++i) {
         const float2 f = __half22float2(h[i]);
         x[2 * i] = f.x, x[2 * i + 1] = f.y;
     }
 }
-__device__ __forceinline__ void to_float8(BF16, const Raw8<BF16> &raw, float (&x)[8]) {
-    const uint32_t w[4] = {raw.r[0].x, raw.r[0].y, raw.r[0].z, raw.r[0].w};
+__device__ __forceinline__ void to_float16(BF16, const Raw16<BF16> &raw, float (&x)[kLaneElems]) {
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(&raw.r[0]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kLaneElems / 2; ++i) {
         x[2 * i] = __uint_as_float(w[i] << 16);
         x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
     }
 }
-__device__ __forceinline__ void to_float8(F32, const Raw8<F32> &raw, float (&x)[8]) {
+__device__ __forceinline__ void to_float16(F32, const Raw16<F32> &raw, float (&x)[kLaneElems]) {
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(&raw.r[0]);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        x[4 * i] = __uint_as_float(raw.r[i].x), x[4 * i + 1] = __uint_as_float(raw.r[i].y);
-        x[4 * i + 2] = __uint_as_float(raw.r[i].z), x[4 * i + 3] = __uint_as_float(raw.r[i].w);
-    }
+    for (int i = 0; i < kLaneElems; ++i) x[i] = __uint_as_float(w[i]);
 }
 
-// The 4 lanes of a block (g, g+8, g+16, g+24) turn their runs' codes into the block's
-// bit-plane words. lo/hi hold the run's 8 codes one per byte. Bits 0..3 of the codes are
+// Bit planes of 8 codes held one per byte in lo (elements 0..3) and hi (4..7): byte 3 of
+// planes[j] has bit 24 + e = bit j of element e's code. Bits 0..3 of the codes are
 // merged into one word w (byte e: element e's in the low nibble, e + 4's in the high);
 // plane j is then bits j and j + 4 of every byte, and one multiply by 0x01020408 >> j
-// gathers them, without carries, into byte 3 (bit 24 + e = element e). A 4x4 byte
-// transpose across the 4 lanes (two shuffles, two byte permutes) then leaves plane q in
-// lane q. Returns plane q; plane 4 (K = 5) in *word4.
+// gathers them into byte 3 without carries. Bit 4 (K = 5) is gathered the same way.
 template <int K>
-__device__ __forceinline__ uint32_t pack_run_planes(uint32_t lo, uint32_t hi, int q,
-                                                    uint32_t &word4) {
+__device__ __forceinline__ void gather_planes(uint32_t lo, uint32_t hi, uint32_t (&planes)[K]) {
     const uint32_t w = K == 5 ? (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4) : lo | (hi << 4);
-    uint32_t p[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < (K < 4 ? K : 4); ++j) p[j] = (w & (0x11111111u << j)) * (0x01020408u >> j);
-    // rows: byte j = plane j (byte 3 of p[j]).
-    const uint32_t rows = __byte_perm(__byte_perm(p[0], p[1], 0x0073), __byte_perm(p[2], p[3], 0x0073),
-                                      0x5410);
-    uint32_t plane4 = 0;
-    if (K == 5) plane4 = ((((lo >> 4) & 0x01010101u) | (hi & 0x10101010u)) * 0x01020408u) >> 24;
-    // Round 1 (runs q, q^1): keep columns j with j & 1 == q & 1 for both runs.
-    const uint32_t r1 = __shfl_xor_sync(kFull, rows, 8);
-    const uint32_t t1 = __byte_perm(rows, r1, (q & 1) ? 0x3715 : 0x6240);
-    // Round 2 (runs q, q^2): column q of all four runs.
-    const uint32_t r2 = __shfl_xor_sync(kFull, t1, 16);
-    const uint32_t word = __byte_perm(t1, r2, (q & 2) ? 0x3276 : 0x5410);
-    if (K == 5) {
-        uint32_t v = plane4 << (8 * q);
-        v |= __shfl_xor_sync(kFull, v, 8);
-        v |= __shfl_xor_sync(kFull, v, 16);
-        word4 = v;
+    for (int j = 0; j < (K < 4 ? K : 4); ++j)
+        planes[j] = (w & (0x11111111u << j)) * (0x01020408u >> j);
+    if constexpr (K == 5)
+        planes[4] = (((lo >> 4) & 0x01010101u) | (hi & 0x10101010u)) * 0x01020408u;
+}
+
+// The two lanes of a block (h = 0: elements 0..15, h = 1: 16..31) turn their codes
+// (c[i]: elements 4i..4i+3 of the lane's half, one per byte) into the block's K plane
+// words and store them: word j is plane j of half 0 in its low 16 bits and of half 1
+// in its high 16 bits. Lane 0 stores words 0..n0-1 and lane 1 words n0..K-1
+// (n0 = ceil(K/2)); each sends the other the half-planes that the other stores, packed
+// two to a word (one shuffle, two for K = 5).
+template <int K>
+__device__ __forceinline__ void store_planes(const uint32_t (&c)[4], int h,
+                                             uint32_t *__restrict__ words, bool store) {
+    uint32_t a[K], b[K];
+    gather_planes<K>(c[0], c[1], a);
+    gather_planes<K>(c[2], c[3], b);
+    uint32_t p[K];  // low 16 bits: plane j of this lane's 16 elements
+#pragma unroll
+    for (int j = 0; j < K; ++j) p[j] = __byte_perm(a[j], b[j], 0x0073);
+    constexpr int n0 = (K + 1) / 2;
+    // Lane 1 sends planes 0..n0-1, lane 0 sends planes n0..K-1.
+    auto pair = [&](int j) {  // planes j, j + 1 in the low and high halves (j + 1 may be K)
+        return __byte_perm(p[j], j + 1 < K ? p[j + 1] : 0u, 0x5410);
+    };
+    const uint32_t got0 = __shfl_xor_sync(kFull, h ? pair(0) : pair(n0), 16);
+    uint32_t got1 = 0;
+    if constexpr (n0 > 2) got1 = __shfl_xor_sync(kFull, h ? p[2] : 0u, 16);
+    if (!store) return;
+    if (h == 0) {
+#pragma unroll
+        for (int j = 0; j < n0; ++j) {  // my plane j low, the partner's high
+            const uint32_t theirs = j < 2 ? got0 : got1;
+            words[j] = __byte_perm(p[j], theirs, (j & 1) ? 0x7610 : 0x5410);
+        }
+    } else {
+#pragma unroll
+        for (int j = n0; j < K; ++j) {  // the partner's plane j low, mine high
+            words[j] = __byte_perm(got0, p[j], (j - n0) & 1 ? 0x5432 : 0x5410);
+        }
     }
-    return word;
 }
 
 // ---- nearest codebook entry on the GPU ---------------------------------------------
@@ -335,29 +358,31 @@ __device__ __forceinline__ uint32_t put_code(uint32_t w, int e, const Pick &p) {
     return __byte_perm(p.info, w, p.up ? keep | (1u << (4 * e)) : keep);
 }
 
-// Codes of a run of 8 against the inverse scale inv: element e in byte e of lo (e < 4)
-// or byte e - 4 of hi. WithError: adds the squared errors of the valid elements to *err.
+// Codes of a lane's 16 elements against the inverse scale inv: element e in byte e % 4
+// of c[e / 4]. WithError: *err = the squared error of the lane's two runs of 8 (valid
+// elements only), each summed in element order, then run 0 + run 1.
 template <bool Full, bool Single, bool WithError, class S>
-__device__ __forceinline__ void pick_run(const S &s, const float (&x)[kRun], int nvalid,
-                                         float inv, uint32_t &lo, uint32_t &hi, float *err) {
-    lo = hi = 0;
+__device__ __forceinline__ void pick_run(const S &s, const float (&x)[kLaneElems], int nvalid,
+                                         float inv, uint32_t (&c)[4], float *err) {
+    float acc[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int e = 0; e < kRun; ++e) {
+    for (int i = 0; i < 4; ++i) c[i] = 0;
+#pragma unroll
+    for (int e = 0; e < kLaneElems; ++e) {
         const float v = scaled(x[e], inv);
         const Pick p = nearest<Single>(s, v);
-        if (WithError && (Full || e < nvalid)) *err = add_error(*err, v, p.value);
-        if (e < 4) lo = put_code(lo, e, p);
-        else hi = put_code(hi, e - 4, p);
+        if (WithError && (Full || e < nvalid)) acc[e / kRun] = add_error(acc[e / kRun], v, p.value);
+        c[e / 4] = put_code(c[e / 4], e % 4, p);
     }
+    if (WithError) *err = add_rn(acc[0], acc[1]);
 }
 
-// The same, the table's `single` decided once per run (it is uniform).
+// The same, the table's `single` decided once per call (it is uniform).
 template <bool Full, bool WithError, class S>
-__device__ __forceinline__ void pick_codes(const S &s, const float (&x)[kRun], int nvalid,
-                                           float inv, uint32_t &lo, uint32_t &hi,
-                                           float *err = nullptr) {
-    if (s.single) pick_run<Full, true, WithError>(s, x, nvalid, inv, lo, hi, err);
-    else pick_run<Full, false, WithError>(s, x, nvalid, inv, lo, hi, err);
+__device__ __forceinline__ void pick_codes(const S &s, const float (&x)[kLaneElems], int nvalid,
+                                           float inv, uint32_t (&c)[4], float *err = nullptr) {
+    if (s.single) pick_run<Full, true, WithError>(s, x, nvalid, inv, c, err);
+    else pick_run<Full, false, WithError>(s, x, nvalid, inv, c, err);
 }
 
 // The scale type of an absmax format.
@@ -365,63 +390,62 @@ template <kbit_absmax_format FMT>
 using ScaleT = std::conditional_t<FMT == KBIT_ABSMAX_FP32, float,
                                   std::conditional_t<FMT == KBIT_ABSMAX_FP16, uint16_t, uint8_t>>;
 
-// One lane's run of a tile (8 blocks): lane (g, q) has run q = lane >> 3 (elements
-// 8q..8q+7) of block g = lane & 7, so the 4 lanes of a block are g, g+8, g+16, g+24
-// and reduce with shfl_xor 8 and 16. x: the run (nvalid elements, the rest 0); Full:
-// all 8 valid. Writes the block's scale to *scale (lane q == 0) and its plane words to
-// words[0..K) when `in_range` (the block exists).
+// One lane's half of a block: lane l of a warp takes half h = l >> 4 (elements
+// 16h..16h+15) of block l & 15 of the warp's tile, so the two lanes of a block are l and
+// l ^ 16 and reduce with one shuffle. x: the half (nvalid elements, the rest 0); Full:
+// all 16 valid. Writes the block's scale to *scale (lane h == 0) and its plane words to
+// words[0..K) when `in_range` (the block exists). Each lane holds two of the runs of 8
+// in which the E4M4 error is summed, so the fixed order (r0 + r1) + (r2 + r3) is the
+// lane's own sum plus its partner's.
 template <class T, int K, kbit_absmax_format FMT, bool Full>
-__device__ __forceinline__ void quantize_run(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
-                                             const float (&x)[kRun], int nvalid, float ts,
-                                             float rcp_ts, ScaleT<FMT> *scale,
-                                             uint32_t *__restrict__ words, bool in_range) {
-    const int q = (threadIdx.x & 31) >> 3;
+__device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
+                                              const float (&x)[kLaneElems], int nvalid, int h,
+                                              float ts, float rcp_ts, ScaleT<FMT> *scale,
+                                              uint32_t *__restrict__ words, bool in_range) {
     uint32_t amax_bits = 0;
 #pragma unroll
-    for (int e = 0; e < kRun; ++e)
+    for (int e = 0; e < kLaneElems; ++e)
         amax_bits = max(amax_bits, Full || e < nvalid ? abs_bits(x[e]) : 0u);
-    amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 8));
     amax_bits = max(amax_bits, __shfl_xor_sync(kFull, amax_bits, 16));
     const bool finite = bits_finite(amax_bits);
     const float a = f32_from_bits(amax_bits);
     const float a_s = ts == 1.0f ? a : div_rn(a, ts);
     bool over = false;
-    uint32_t lo = 0, hi = 0;  // the run's codes, one per byte
+    uint32_t c[4];  // the codes, one per byte
 
     if (FMT == KBIT_ABSMAX_E4M4) {
         const int c0 = finite ? e4m4_ceil(a_s) : 256;
         over = c0 > 255;
         int best = over ? 255 : c0;
         float best_score = INFINITY;
-#pragma unroll
+#pragma unroll 1  // unrolled, the candidates would hold about twice the registers
         for (int ci = 0; ci < kNumCandidates; ++ci) {
-            // Every lane evaluates (the shuffles need the whole warp); `ok` decides.
-            const int c = c0 + candidate_offset(ci);
-            const bool ok = !over && c0 > 0 && c >= 1 && c <= 255;
-            const int cc = ok ? c : 1;
+            // Every lane evaluates (the shuffle needs the whole warp); `ok` decides.
+            const int cand = c0 + candidate_offset(ci);
+            const bool ok = !over && c0 > 0 && cand >= 1 && cand <= 255;
+            const int cc = ok ? cand : 1;
             const float dc = e4m4_decode(cc);
-            float acc = 0.0f;
-            uint32_t clo, chi;
+            float acc;
+            uint32_t cc_codes[4];
             pick_codes<Full, true>(s, x, nvalid, e4m4_inverse(s.t.rcp_e4m4[cc], rcp_ts),
-                                   clo, chi, &acc);
-            acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 8));   // r0 + r1, r2 + r3
+                                   cc_codes, &acc);
             acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));  // (r0 + r1) + (r2 + r3)
             const float score = mul_rn(acc, mul_rn(dc, dc));
             if (ok && score < best_score) {
                 best_score = score;
-                best = c;
-                lo = clo;
-                hi = chi;
+                best = cand;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) c[i] = cc_codes[i];
             }
         }
-        if (q == 0 && in_range) *scale = static_cast<uint8_t>(best);
+        if (h == 0 && in_range) *scale = static_cast<uint8_t>(best);
         if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
             const float dec = e4m4_decode(best);
             const bool searched = finite && !over && dec > 0.0f;
             const float inv = !finite    ? 0.0f
                               : searched ? e4m4_inverse(s.t.rcp_e4m4[best], rcp_ts)
                                          : inverse_scale(mul_rn(dec, ts));
-            pick_codes<Full, false>(s, x, nvalid, inv, lo, hi);
+            pick_codes<Full, false>(s, x, nvalid, inv, c);
         }
     } else {
         float dec;
@@ -429,39 +453,39 @@ __device__ __forceinline__ void quantize_run(const Searcher<K, FMT == KBIT_ABSMA
             // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
             over = finite && a_s > kF32Max;
             dec = !finite ? NAN : (over ? kF32Max : a_s);
-            if (q == 0 && in_range) *scale = dec;
+            if (h == 0 && in_range) *scale = dec;
         } else {
             over = finite && a_s > kF16Max;
-            uint16_t h = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
-            if (f16_bits_to_f32(h) < a_s) ++h;
-            h = !finite ? 0x7E00 : (over ? 0x7BFF : h);
-            if (q == 0 && in_range) *scale = h;
-            dec = f16_bits_to_f32(h);
+            uint16_t bits = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
+            if (f16_bits_to_f32(bits) < a_s) ++bits;
+            bits = !finite ? 0x7E00 : (over ? 0x7BFF : bits);
+            if (h == 0 && in_range) *scale = bits;
+            dec = f16_bits_to_f32(bits);
         }
-        pick_codes<Full, false>(s, x, nvalid,
-                                finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f, lo, hi);
+        pick_codes<Full, false>(s, x, nvalid, finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f, c);
     }
 
     // Non-finite blocks and elements past n get code 0.
-    if (!finite) lo = hi = 0;
-    if (!Full) {
-        lo &= nvalid >= 4 ? ~0u : (1u << (8 * nvalid)) - 1u;
-        hi &= nvalid >= 8 ? ~0u : (nvalid <= 4 ? 0u : (1u << (8 * (nvalid - 4))) - 1u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint32_t keep = finite ? ~0u : 0u;
+        if (!Full) {
+            const int valid = nvalid - 4 * i;  // elements of c[i] inside the tensor
+            keep &= valid >= 4 ? ~0u : (valid <= 0 ? 0u : (1u << (8 * valid)) - 1u);
+        }
+        c[i] &= keep;
     }
-    // Bit planes: lane (g, q) ends with plane q (and plane 4 on q == 0 for K = 5).
-    uint32_t word4 = 0;
-    const uint32_t word = pack_run_planes<K>(lo, hi, q, word4);
-    if (in_range) {
-        if (q < K) words[q] = word;
-        if (K == 5 && q == 0) words[4] = word4;
-        if (q == 0 && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(&g_range_flag, 1u);
-    }
+    store_planes<K>(c, h, words, in_range);
+    if (h == 0 && in_range && (over || (!finite && FMT == KBIT_ABSMAX_E4M4)))
+        atomicOr(&g_range_flag, 1u);
 }
 
-// Quantize: each warp takes tiles of 8 blocks in a grid-stride loop over a table built
-// once per CTA, loading the next full tile before it works on the current one. The
-// lane's input, scale and word pointers advance by one stride per iteration (64-bit
-// index arithmetic per tile had cost several instructions per element).
+// Quantize: each warp takes tiles of 16 blocks in a grid-stride loop over a table built
+// once per CTA. With an fp32/fp16 absmax it loads the next full tile before it works on
+// the current one; E4M4, bound by its table lookups rather than by memory, spends those
+// registers on occupancy instead. The lane's input, scale and word pointers advance by
+// one stride per iteration (64-bit index arithmetic per tile had cost several
+// instructions per element).
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kThreads)
 quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
@@ -471,35 +495,41 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
     __shared__ QuantTable<K, kWithValue> t;
     const Searcher<K, kWithValue> s{t, build_quant_table(t, codebook), biased_bins(t)};
     const float rcp_ts = rcp_rn(ts);
-    const int64_t tiles = (n + kTileElems - 1) / kTileElems;
+    const int64_t tiles = (n + kQTileElems - 1) / kQTileElems;
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
-    const int64_t full_tiles = aligned ? n / kTileElems : 0;
+    const int64_t full_tiles = aligned ? n / kQTileElems : 0;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
     const int lane = threadIdx.x & 31;
-    // This lane's block and run in the warp's first tile, and the strides per tile.
-    int64_t b = warp * kTileBlocks + (lane & 7);
-    const int run = (lane >> 3) * kRun;
-    const typename T::storage *src = in + b * kBlock + run;
+    const int h = lane >> 4;
+    // This lane's block and half in the warp's first tile, and the stride per tile.
+    int64_t b = warp * kQTileBlocks + (lane & 15);
+    const typename T::storage *src = in + b * kBlock + h * kLaneElems;
     ScaleT<FMT> *scale = static_cast<ScaleT<FMT> *>(absmax) + b;
     uint32_t *words = packed + b * K;
-    const int64_t step = warps * kTileBlocks;  // blocks
-    Raw8<T> next{};
-    if (warp < full_tiles) next = load_raw8<T>(src);
+    const int64_t step = warps * kQTileBlocks;  // blocks
+    constexpr bool kPrefetch = FMT != KBIT_ABSMAX_E4M4;
+    Raw16<T> next{};
+    if (kPrefetch && warp < full_tiles) next = load_raw16<T>(src);
     for (int64_t tile = warp; tile < tiles;
          tile += warps, b += step, src += step * kBlock, scale += step, words += step * K) {
-        float x[kRun];
+        float x[kLaneElems];
         if (tile < full_tiles) {
-            to_float8(T{}, next, x);
-            if (tile + warps < full_tiles) next = load_raw8<T>(src + step * kBlock);
-            quantize_run<T, K, FMT, true>(s, x, kRun, ts, rcp_ts, scale, words, true);
+            if (kPrefetch) {
+                to_float16(T{}, next, x);
+                if (tile + warps < full_tiles) next = load_raw16<T>(src + step * kBlock);
+            } else {
+                to_float16(T{}, load_raw16<T>(src), x);
+            }
+            quantize_half<T, K, FMT, true>(s, x, kLaneElems, h, ts, rcp_ts, scale, words, true);
         } else {  // the last tile, or an unaligned input: element by element
-            const int64_t left = n - (b * kBlock + run);
-            const int nvalid = left >= kRun ? kRun : (left > 0 ? static_cast<int>(left) : 0);
+            const int64_t left = n - (b * kBlock + h * kLaneElems);
+            const int nvalid =
+                left >= kLaneElems ? kLaneElems : (left > 0 ? static_cast<int>(left) : 0);
 #pragma unroll
-            for (int e = 0; e < kRun; ++e) x[e] = e < nvalid ? load_f32(T{}, src[e]) : 0.0f;
-            quantize_run<T, K, FMT, false>(s, x, nvalid, ts, rcp_ts, scale, words, b < blocks);
+            for (int e = 0; e < kLaneElems; ++e) x[e] = e < nvalid ? load_f32(T{}, src[e]) : 0.0f;
+            quantize_half<T, K, FMT, false>(s, x, nvalid, h, ts, rcp_ts, scale, words, b < blocks);
         }
     }
 }
@@ -590,8 +620,8 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
 template <class T, int K, kbit_absmax_format FMT>
 cudaError_t launch_quantize(const void *in, int64_t n, const float *cb, float ts, void *absmax,
                             uint32_t *packed, cudaStream_t stream) {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    const int64_t ctas = (blocks + kWarps * 8 - 1) / (kWarps * 8);
+    const int64_t tiles = (n + kQTileElems - 1) / kQTileElems;
+    const int64_t ctas = (tiles + kWarps - 1) / kWarps;
     int grid = 0;
     cudaError_t err = resident_grid<quantize_kernel<T, K, FMT>>(kThreads, 0, ctas, &grid);
     if (err != cudaSuccess) return err;
