@@ -38,6 +38,7 @@ constexpr int kQTileElems = kQTileBlocks * kBlock;
 // it grid-strides: short-lived CTAs keep every SM's loads in flight, where long-lived
 // ones that loop wait on each iteration's loads (measured: bench/RESULTS.md).
 constexpr int kDequantCtasPerSm = 4096;
+constexpr int kDequantTiles = 2;  // dequantize: tiles per warp, loaded together
 
 __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-range block
 
@@ -534,6 +535,20 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
     }
 }
 
+// A block's stored scale as raw bits, and its value: the loads go out before any
+// decoding.
+__device__ __forceinline__ uint32_t load_absmax(kbit_absmax_format fmt, const void *absmax,
+                                                int64_t b) {
+    if (fmt == KBIT_ABSMAX_E4M4) return __ldg(static_cast<const uint8_t *>(absmax) + b);
+    if (fmt == KBIT_ABSMAX_FP16) return __ldg(static_cast<const uint16_t *>(absmax) + b);
+    return __ldg(static_cast<const uint32_t *>(absmax) + b);
+}
+__device__ __forceinline__ float decode_absmax_bits(kbit_absmax_format fmt, uint32_t bits) {
+    if (fmt == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
+    if (fmt == KBIT_ABSMAX_FP16) return f16_bits_to_f32(static_cast<uint16_t>(bits));
+    return __uint_as_float(bits);
+}
+
 // Code bytes of the 8 elements [8q, 8q+8) of a block from its K bit-plane words:
 // byte e of lo/hi is the code of element e / e+4.
 template <int K>
@@ -580,26 +595,39 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     const float cb_lane = lane_entry<K>(codebook, lane);
     if (threadIdx.x < 32) cb_smem[lane] = cb_lane;
 
-    // Vector part: whole tiles of 8 blocks, 8 elements and one 16-byte store per lane.
+    // Vector part: whole tiles of 8 blocks, 8 elements and one 16-byte store per lane;
+    // a warp takes kDequantTiles consecutive tiles and issues all their loads first.
     const int64_t tiles = vec_elems / kTileElems;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
     const int q = lane & 3;
-    for (int64_t t = warp; t < tiles; t += warps) {
-        const int64_t b = t * kTileBlocks + (lane >> 2);
-        uint32_t w[K];
-        load_words<K>(packed, b, vec_words, w);
-        const float scale = mul_rn(decode_absmax(FMT, absmax, b), ts);
-        uint32_t lo, hi;
-        spread_codes<K>(w, q, lo, hi);
-        float v[8];
+    for (int64_t t0 = warp * kDequantTiles; t0 < tiles; t0 += warps * kDequantTiles) {
+        uint32_t w[kDequantTiles][K];
+        uint32_t raw_scale[kDequantTiles];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
-            v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), scale);
-            v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), scale);
+        for (int u = 0; u < kDequantTiles; ++u) {
+            const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
+            if (t0 + u < tiles) {
+                load_words<K>(packed, b, vec_words, w[u]);
+                raw_scale[u] = load_absmax(FMT, absmax, b);
+            }
         }
-        store8(T{}, out + b * kBlock + 8 * q, v);
+#pragma unroll
+        for (int u = 0; u < kDequantTiles; ++u) {
+            if (t0 + u >= tiles) break;
+            const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
+            const float scale = mul_rn(decode_absmax_bits(FMT, raw_scale[u]), ts);
+            uint32_t lo, hi;
+            spread_codes<K>(w[u], q, lo, hi);
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                // __shfl_sync reads the source lane modulo 32: the bytes above are ignored.
+                v[e] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(lo >> (8 * e))), scale);
+                v[e + 4] = mul_rn(__shfl_sync(kFull, cb_lane, static_cast<int>(hi >> (8 * e))), scale);
+            }
+            store8(T{}, out + b * kBlock + 8 * q, v);
+        }
     }
 
     // Scalar part: the tail (and everything when the output is not 16-byte aligned).
@@ -636,7 +664,8 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
                               const float *cb, int64_t n, void *out, cudaStream_t stream) {
     const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
     const int64_t vec_elems = aligned ? n / kTileElems * kTileElems : 0;
-    const int64_t vec_ctas = (vec_elems / kTileElems + kWarps - 1) / kWarps;
+    const int64_t vec_ctas =
+        (vec_elems / kTileElems + kWarps * kDequantTiles - 1) / (kWarps * kDequantTiles);
     const int64_t tail_ctas = (n - vec_elems + kThreads - 1) / kThreads;
     int grid = 0;
     const bool words_vec = (reinterpret_cast<uintptr_t>(packed) & (K == 4 ? 15u : 7u)) == 0;
