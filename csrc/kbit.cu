@@ -34,11 +34,12 @@ constexpr int kTileElems = kTileBlocks * kBlock;
 constexpr int kLaneElems = 16;   // quantize: elements per lane, 2 lanes per block
 constexpr int kQTileBlocks = 16;  // quantize: blocks per warp tile
 constexpr int kQTileElems = kQTileBlocks * kBlock;
-// Dequantize launches one tile per warp, enough CTAs to cover about 2^30 elements before
-// it grid-strides: short-lived CTAs keep every SM's loads in flight, where long-lived
-// ones that loop wait on each iteration's loads (measured: bench/RESULTS.md).
+// Dequantize launches kDequantTiles tiles per warp (their loads issued together) and
+// enough CTAs to cover about 2^31 elements before it grid-strides: short-lived CTAs keep
+// every SM's loads in flight, where long-lived ones that loop wait on each iteration's
+// loads (measured: bench/RESULTS.md).
 constexpr int kDequantCtasPerSm = 4096;
-constexpr int kDequantTiles = 2;  // dequantize: tiles per warp, loaded together
+constexpr int kDequantTiles = 2;
 
 __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-range block
 
@@ -68,8 +69,8 @@ __device__ __forceinline__ void store8(F32, float *out, const float (&v)[8]) {
 }
 
 // A lane's 16 consecutive input elements (16-byte aligned) as loaded, streaming (read
-// once), and as float: the quantizer issues the next tile's loads before it works on
-// the current one.
+// once), and as float: with an fp32/fp16 absmax the quantizer issues the next tile's
+// loads before it works on the current one.
 template <class T>
 struct Raw16 {
     uint4 r[sizeof(typename T::storage) * kLaneElems / 16];
