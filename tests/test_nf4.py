@@ -708,8 +708,9 @@ def test_gpu_double_quantization_matches_host(rng):
 @pytest.mark.parametrize("qt", QTYPES)
 def test_gpu_python_api(rng, qt):
     torch = _torch()
+    gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))  # replayable
     for dt in (torch.float16, torch.bfloat16, torch.float32):
-        x = torch.randn(333, 77, dtype=dt, device="cuda")
+        x = torch.randn(333, 77, dtype=dt, device="cuda", generator=gen)
         q = kbit.quantize_4bit(x, qt, 64, compress_statistics=True)
         assert q.on_device and q.packed.is_cuda and q.nested
         host_in = x.cpu().view(torch.int16).numpy().view(np.uint16) if dt == torch.bfloat16 \
@@ -725,13 +726,14 @@ def test_gpu_python_api(rng, qt):
 
 
 @requires_gpu
-def test_gpu_more_than_2_31_elements():
+def test_gpu_more_than_2_31_elements(rng):
     torch = _torch()
     free, _ = torch.cuda.mem_get_info()
     n = 2 ** 31 + 77
     if free < 14 * 2 ** 30:
         pytest.skip("needs 14 GiB of free GPU memory")
-    x = torch.randn(n, dtype=torch.float16, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))  # replayable
+    x = torch.randn(n, dtype=torch.float16, device="cuda", generator=gen)
     packed = torch.empty((n + 1) // 2, dtype=torch.uint8, device="cuda")
     absmax = torch.empty(-(-n // 64), dtype=torch.float32, device="cuda")
     assert fn("cquantize_nf4_fp16")(x.data_ptr(), n, 64, absmax.data_ptr(), packed.data_ptr(),
