@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.h"
 
@@ -160,34 +161,18 @@ KBIT_GGUF_UNROLL
 // Q4_K and Q5_K: sub-block s = e/32 has scale d*sc[s] and min dmin*m[s]; element l of
 // it is the low (even s) or high (odd s) nibble of qs[32*(s/2) + l]; Q5_K adds bit s
 // of qh[l] as the 5th bit. Value: (d*sc) * q - (dmin*m), each product rounded.
-struct Q4_K {
-    static constexpr int kTypeId = kQ4_K, kElems = kQK_K, kBytes = sizeof(BlockQ4_K);
+template <bool kFifthBit>
+struct QK_45 {
+    using Block = std::conditional_t<kFifthBit, BlockQ5_K, BlockQ4_K>;
+    static constexpr int kTypeId = kFifthBit ? kQ5_K : kQ4_K, kElems = kQK_K,
+                         kBytes = sizeof(Block);
     template <int G, class L>
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
-        uint32_t h[4], q[G / 4];
+        uint32_t h[4], q[G / 4], qh[G / 4] = {};
         const int s = e0 >> 5, l0 = e0 & 31;
         ld.template words<4, 16>(0, h);  // d, dmin, scales[12]
-        ld.template words<G / 4, G>(offsetof(BlockQ4_K, qs) + 32 * (s >> 1) + l0, q);
-        uint32_t sc, mn;  // after the loads (see above)
-        scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
-        const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
-        const float m1 = mul_rn(half_hi(h[0]), static_cast<float>(mn));
-        const int shift = 4 * (s & 1);
-KBIT_GGUF_UNROLL
-        for (int i = 0; i < G; ++i)
-            y[i] = mul_rn(d1, byte_minus((q[i / 4] >> shift) & kLow4, i % 4, 0.0f)) - m1;
-    }
-};
-
-struct Q5_K {
-    static constexpr int kTypeId = kQ5_K, kElems = kQK_K, kBytes = sizeof(BlockQ5_K);
-    template <int G, class L>
-    KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
-        uint32_t h[4], q[G / 4], qh[G / 4];
-        const int s = e0 >> 5, l0 = e0 & 31;
-        ld.template words<4, 16>(0, h);
-        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qh) + l0, qh);
-        ld.template words<G / 4, G>(offsetof(BlockQ5_K, qs) + 32 * (s >> 1) + l0, q);
+        if constexpr (kFifthBit) ld.template words<G / 4, G>(offsetof(BlockQ5_K, qh) + l0, qh);
+        ld.template words<G / 4, G>(offsetof(Block, qs) + 32 * (s >> 1) + l0, q);
         uint32_t sc, mn;  // after the loads (see above)
         scale_min_k4(h[1], h[2], h[3], s, &sc, &mn);
         const float d1 = mul_rn(half_lo(h[0]), static_cast<float>(sc));
@@ -195,11 +180,14 @@ struct Q5_K {
         const int shift = 4 * (s & 1);
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i) {
-            const uint32_t v = ((q[i / 4] >> shift) & kLow4) | (((qh[i / 4] >> s) & kLow1) << 4);
+            uint32_t v = (q[i / 4] >> shift) & kLow4;
+            if constexpr (kFifthBit) v |= ((qh[i / 4] >> s) & kLow1) << 4;
             y[i] = mul_rn(d1, byte_minus(v, i % 4, 0.0f)) - m1;
         }
     }
 };
+using Q4_K = QK_45<false>;
+using Q5_K = QK_45<true>;
 
 // Q6_K: half hf = e/128, quadrant r = (e%128)/32, element l = e%32 of the quadrant.
 // Low 4 bits: ql[64hf + 32(r&1) + l], low nibble for r < 2, high for r >= 2; high 2
