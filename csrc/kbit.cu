@@ -160,12 +160,9 @@ __device__ __forceinline__ void store_planes(const uint32_t (&c)[4], int h,
 
 // ---- nearest codebook entry on the GPU ---------------------------------------------
 //
-// The host's search (kbit_format.h) counts the midpoints below v, an exact midpoint
-// going to the entry with the lower original index. The GPU folds that tie rule into
-// the thresholds: thr[j] is mid[j], or the float just below it when the tie goes up,
-// so the entry index is #{j : v > thr[j]}, the same index for every v. Any monotone
-// binning of v then gives a lower bound of that count per bin, so the GPU uses its
-// own: 2^(K+1) steps over [-1, 1], clamped. When every bin holds at most one threshold
+// The search counts the thresholds below v (kbit_format.h: the tie rule is folded into
+// them), as on the host, with the GPU's own binning of v: 2^(K+1) steps over [-1, 1],
+// clamped. When every bin holds at most one threshold
 // (`single`: true of every built-in codebook, and of any codebook whose entries are
 // more than 2^-K apart within [-1, 1]), one table read and one comparison find the
 // entry; otherwise the search walks the thresholds from the bin's first one.
@@ -254,12 +251,6 @@ struct Searcher {
     uint32_t bins_at;  // biased_bins(t)
 };
 
-// The float just below x (x finite).
-__device__ __forceinline__ float next_below(float x) {
-    const uint32_t b = __float_as_uint(x);
-    return x == 0.0f ? __uint_as_float(0x80000001u) : __uint_as_float(x > 0.0f ? b - 1 : b + 1);
-}
-
 // Entry `lane` of the codebook (the built-in one when cb is null), 0 for lane >= 2^K.
 template <int K>
 __device__ __forceinline__ float lane_entry(const float *cb, int lane) {
@@ -295,12 +286,9 @@ __device__ bool build_quant_table(QuantTable<K, WithValue> &t, const float *cb) 
         }
         __syncwarp();
         if (lane < unique) {
-            float thr = INFINITY;
-            if (lane + 1 < unique) {
-                const float mid = midpoint(t.value[lane], t.value[lane + 1]);
-                thr = t.code[lane] < t.code[lane + 1] ? mid : next_below(mid);
-            }
-            t.thr[lane] = thr;
+            t.thr[lane] = lane + 1 < unique ? tie_threshold(t.value[lane], t.value[lane + 1],
+                                                            t.code[lane], t.code[lane + 1])
+                                            : INFINITY;
         }
         if (lane == 0) t.unique = unique;
     }
@@ -536,18 +524,13 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
     }
 }
 
-// A block's stored scale as raw bits, and its value: the loads go out before any
-// decoding.
-__device__ __forceinline__ uint32_t load_absmax(kbit_absmax_format fmt, const void *absmax,
-                                                int64_t b) {
+// Block b's stored scale as raw bits, read-only load: the dequantizer issues these
+// loads before it decodes any (decode_scale).
+__device__ __forceinline__ uint32_t load_scale_bits(kbit_absmax_format fmt, const void *absmax,
+                                                    int64_t b) {
     if (fmt == KBIT_ABSMAX_E4M4) return __ldg(static_cast<const uint8_t *>(absmax) + b);
     if (fmt == KBIT_ABSMAX_FP16) return __ldg(static_cast<const uint16_t *>(absmax) + b);
     return __ldg(static_cast<const uint32_t *>(absmax) + b);
-}
-__device__ __forceinline__ float decode_absmax_bits(kbit_absmax_format fmt, uint32_t bits) {
-    if (fmt == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
-    if (fmt == KBIT_ABSMAX_FP16) return f16_bits_to_f32(static_cast<uint16_t>(bits));
-    return __uint_as_float(bits);
 }
 
 // Code bytes of the 8 elements [8q, 8q+8) of a block from its K bit-plane words:
@@ -610,14 +593,14 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
             const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
             if (t0 + u < tiles) {
                 load_words<K>(packed, b, vec_words, w[u]);
-                raw_scale[u] = load_absmax(FMT, absmax, b);
+                raw_scale[u] = load_scale_bits(FMT, absmax, b);
             }
         }
 #pragma unroll
         for (int u = 0; u < kDequantTiles; ++u) {
             if (t0 + u >= tiles) break;
             const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
-            const float scale = mul_rn(decode_absmax_bits(FMT, raw_scale[u]), ts);
+            const float scale = mul_rn(decode_scale(FMT, raw_scale[u]), ts);
             uint32_t lo, hi;
             spread_codes<K>(w[u], q, lo, hi);
             float v[8];

@@ -65,10 +65,20 @@ KBIT_HD uint16_t f16_ceil_bits(float a) {
     return f16_bits_to_f32(h) < a ? static_cast<uint16_t>(h + 1) : h;
 }
 
+// A stored block scale, given as its raw bits (1, 2 or 4 bytes), as a float.
+KBIT_HD float decode_scale(kbit_absmax_format fmt, uint32_t bits) {
+    if (fmt == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
+    if (fmt == KBIT_ABSMAX_FP16) return f16_bits_to_f32(static_cast<uint16_t>(bits));
+    return f32_from_bits(bits);
+}
+// The raw bits of block b's stored scale.
+KBIT_HD uint32_t scale_bits(kbit_absmax_format fmt, const void *absmax, int64_t b) {
+    if (fmt == KBIT_ABSMAX_E4M4) return static_cast<const uint8_t *>(absmax)[b];
+    if (fmt == KBIT_ABSMAX_FP16) return static_cast<const uint16_t *>(absmax)[b];
+    return static_cast<const uint32_t *>(absmax)[b];
+}
 KBIT_HD float decode_absmax(kbit_absmax_format fmt, const void *absmax, int64_t b) {
-    if (fmt == KBIT_ABSMAX_E4M4) return e4m4_decode(static_cast<const uint8_t *>(absmax)[b]);
-    if (fmt == KBIT_ABSMAX_FP16) return f16_bits_to_f32(static_cast<const uint16_t *>(absmax)[b]);
-    return static_cast<const float *>(absmax)[b];
+    return decode_scale(fmt, scale_bits(fmt, absmax, b));
 }
 
 // The tensor_scale for a tensor whose largest finite |x| is max_abs:
@@ -92,22 +102,40 @@ inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
 
 // ---- nearest codebook entry ----------------------------------------------------------
 
-// Sorted distinct codebook entries with the midpoints between them. p = number of
-// midpoints below v selects the entry; on an exact midpoint the lower original index
-// wins. `start[bin]` is a lower bound of p for every v in the bin, so the search is a
-// table read plus (almost always) at most one step.
+// The nearest codebook entry. Over the sorted distinct entries s[0..u), the midpoints
+// (s[j] + s[j+1]) / 2 are computed in float32, and an exact midpoint goes to the entry
+// with the lower original index. That tie rule is folded into thresholds: thr[j] is the
+// midpoint, or the float just below it when the tie goes up, so the entry is s[p] with
+// p = #{j : v > thr[j]} for every v (NaN: p = 0). The host and the GPU both search
+// these thresholds, each with its own binning of v: any monotone binning gives, per
+// bin, a lower bound of p (the first threshold of the bin onwards).
+
+// The float just below x (x finite).
+KBIT_HD float next_below(float x) {
+    const uint32_t b = f32_bits(x);
+    return x == 0.0f ? f32_from_bits(0x80000001u) : f32_from_bits(x > 0.0f ? b - 1 : b + 1);
+}
+
+KBIT_HD float midpoint(float a, float b) { return mul_rn(a + b, 0.5f); }
+
+// Threshold between neighbouring sorted entries lo < hi whose lowest original indices
+// are code_lo and code_hi.
+KBIT_HD float tie_threshold(float lo, float hi, int code_lo, int code_hi) {
+    const float mid = midpoint(lo, hi);
+    return code_lo < code_hi ? mid : next_below(mid);
+}
+
+// The host's table: sorted distinct entries, their codes and thresholds, and per bin of
+// v the number of thresholds in lower bins.
 struct SearchTable {
-    float mid[kBlock];      // mid[j] = (s[j] + s[j+1]) / 2; mid[u-1] = +inf
-    float value[kBlock];    // s[j]
-    float tie_value[kBlock];
-    uint8_t code[kBlock];   // lowest original index holding s[j]
-    uint8_t tie_code[kBlock];
+    float thr[kBlock];     // thr[unique - 1] = +inf
+    float value[kBlock];   // s[j]
+    uint8_t code[kBlock];  // lowest original index holding s[j]
     uint8_t start[kBins];
     int unique;
 };
 
-// The host's bin of v: floor((v + 2) * 128) clamped to the table. The GPU bins
-// differently (csrc/kbit.cu): any monotone binning finds the same entry.
+// The host's bin of v: floor((v + 2) * 128) clamped to the table (NaN: bin 0).
 inline int search_bin(float v) {
     float y = (v + 2.0f) * 128.0f;
     if (!(y > 0.0f)) return 0;
@@ -122,18 +150,8 @@ struct Nearest {
 
 inline Nearest search_nearest(const SearchTable &tab, float v) {
     int p = tab.start[search_bin(v)];
-    while (tab.mid[p] < v) ++p;
-    if (v == tab.mid[p]) return {tab.tie_code[p], tab.tie_value[p]};
+    while (v > tab.thr[p]) ++p;
     return {tab.code[p], tab.value[p]};
-}
-
-// The midpoint of two neighbouring entries (the same bits on both sides).
-KBIT_HD float midpoint(float a, float b) { return mul_rn(a + b, 0.5f); }
-
-inline uint8_t bin_start(const float *mid, int unique, int bin) {
-    int count = 0;
-    for (int j = 0; j < unique - 1; ++j) count += search_bin(mid[j]) < bin;
-    return static_cast<uint8_t>(count);
 }
 
 // v = x / d as the quantizer computes it: x * rcp_rn(d) (never NaN for finite x).

@@ -361,12 +361,26 @@ def tie_and_dense_codebooks(rng, k):
 
 @pytest.mark.parametrize("k", KS)
 def test_exact_midpoints_and_dense_codebooks(rng, k):
-    for cb in tie_and_dense_codebooks(rng, k):
+    for n_book, cb in enumerate(tie_and_dense_codebooks(rng, k)):
         x = midpoint_blocks(cb, 20)
         for fmt in FORMATS:
             packed, absmax = host_quantize(x, k, fmt, "float32", codebook=cb)
             rp, ra = R.quantize_kbit(x, k, codebook=cb, absmax_format=fmt)
             assert np.array_equal(packed, rp) and np.array_equal(absmax, ra)
+        if n_book == 2:
+            continue  # the dense book: its point is the bins, not the ties
+        # With fp32 absmax every block's scale is 1, so x itself is searched: the
+        # elements on a midpoint take the lower original index of its two entries, and
+        # the data holds ties going both up and down.
+        packed, _ = host_quantize(x, k, "fp32", "float32", codebook=cb)
+        codes = R.unpack_bitplanes(packed, k).reshape(-1)[:x.size]
+        s, idx, mids, tie = R.kbit._search_table(cb)
+        j = np.searchsorted(mids, x)
+        on_mid = (j < mids.size) & (x == mids[np.minimum(j, mids.size - 1)])
+        jm = j[on_mid]
+        assert np.array_equal(codes[on_mid], tie[jm])
+        goes_up = tie[jm] == idx[jm + 1]
+        assert goes_up.any() and (~goes_up).any()
 
 
 @pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.05, 1.0, 3.0])

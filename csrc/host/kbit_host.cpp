@@ -14,7 +14,7 @@ namespace {
 
 constexpr int64_t kBlocksPerThread = 4096;  // below this a thread costs more than it saves
 
-// Sorted distinct entries (by value, then index), midpoints, ties and bin starts.
+// Sorted distinct entries (by value, then index), thresholds and bin starts.
 SearchTable build_search_table(const float *cb, int m) {
     SearchTable tab{};
     int order[kBlock];
@@ -29,14 +29,15 @@ SearchTable build_search_table(const float *cb, int m) {
         ++u;
     }
     tab.unique = u;
-    for (int j = 0; j < u; ++j) {
-        bool last = j == u - 1;
-        tab.mid[j] = last ? INFINITY : midpoint(tab.value[j], tab.value[j + 1]);
-        bool low = last || tab.code[j] < tab.code[j + 1];
-        tab.tie_code[j] = low ? tab.code[j] : tab.code[j + 1];
-        tab.tie_value[j] = low ? tab.value[j] : tab.value[j + 1];
+    for (int j = 0; j < u; ++j)
+        tab.thr[j] = j + 1 < u ? tie_threshold(tab.value[j], tab.value[j + 1], tab.code[j],
+                                               tab.code[j + 1])
+                               : INFINITY;
+    for (int b = 0; b < kBins; ++b) {
+        int below = 0;  // thresholds in lower bins
+        for (int j = 0; j + 1 < u; ++j) below += search_bin(tab.thr[j]) < b;
+        tab.start[b] = static_cast<uint8_t>(below);
     }
-    for (int b = 0; b < kBins; ++b) tab.start[b] = bin_start(tab.mid, u, b);
     return tab;
 }
 
