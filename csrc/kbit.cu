@@ -214,7 +214,7 @@ struct QuantTable {
     float thr[kBlock];           // thr[unique - 1] = +inf
     float value[kBlock];         // the sorted distinct entries
     uint8_t code[kBlock];        // the lowest original index holding value[j]
-    float rcp_e4m4[256];         // rcp_rn(e4m4_decode(c))
+    float rcp_e4m4[WithValue ? 256 : 1];  // E4M4 only: rcp_rn(e4m4_decode(c))
     int unique;
 };
 
@@ -292,7 +292,8 @@ __device__ bool build_quant_table(QuantTable<K, WithValue> &t, const float *cb) 
         }
         if (lane == 0) t.unique = unique;
     }
-    for (int c = threadIdx.x; c < 256; c += blockDim.x) t.rcp_e4m4[c] = rcp_rn(e4m4_decode(c));
+    if constexpr (WithValue)
+        for (int c = threadIdx.x; c < 256; c += blockDim.x) t.rcp_e4m4[c] = rcp_rn(e4m4_decode(c));
     __syncthreads();
     const int unique = t.unique;
     bool single = true;
@@ -403,7 +404,7 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
     bool over = false;
     uint32_t c[4];  // the codes, one per byte
 
-    if (FMT == KBIT_ABSMAX_E4M4) {
+    if constexpr (FMT == KBIT_ABSMAX_E4M4) {
         const int c0 = finite ? e4m4_ceil(a_s) : 256;
         over = c0 > 255;
         int best = over ? 255 : c0;
