@@ -79,17 +79,10 @@ static_assert(offsetof(BlockQ4_K, qs) == 16 && offsetof(BlockQ5_K, qh) == 16 &&
 // Products use mul_rn (common.h): rounded once, never fused with a following add, as
 // ggml and gguf-py round the product before subtracting the min.
 
-// IEEE half bits -> float32, exact (the GPU's conversion instruction gives the same
-// value; NaNs turn canonical in the first product either way).
-KBIT_HD float half_to_f32(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-#else
-    return f16_bits_to_f32(static_cast<uint16_t>(bits));
-#endif
-}
-KBIT_HD float half_lo(uint32_t w) { return half_to_f32(w & 0xFFFFu); }
-KBIT_HD float half_hi(uint32_t w) { return half_to_f32(w >> 16); }
+// The low and high IEEE halves of a word as float32 (exact; NaNs turn canonical in the
+// first product either way).
+KBIT_HD float half_lo(uint32_t w) { return f16_bits_to_f32(static_cast<uint16_t>(w & 0xFFFFu)); }
+KBIT_HD float half_hi(uint32_t w) { return f16_bits_to_f32(static_cast<uint16_t>(w >> 16)); }
 
 // Byte i (0..7) of two little-endian words; i must be a compile-time constant in
 // unrolled loops so that no register array is indexed at run time.
@@ -136,8 +129,9 @@ struct Q4_0 {
     template <int G, class L>
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
         uint32_t q[G / 4];
-        const float d = half_to_f32(ld.u16(offsetof(BlockQ4_0, d)));
+        const uint32_t d_bits = ld.u16(offsetof(BlockQ4_0, d));
         ld.template words<G / 4, 2>(offsetof(BlockQ4_0, qs) + (e0 & 15), q);
+        const float d = half_lo(d_bits);  // after the loads (see above)
         const int shift = 4 * (e0 >> 4);
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i)
@@ -150,8 +144,9 @@ struct Q8_0 {
     template <int G, class L>
     KBIT_HD static void group(const L &ld, int e0, float (&y)[G]) {
         uint32_t q[G / 4];
-        const float d = half_to_f32(ld.u16(offsetof(BlockQ8_0, d)));
+        const uint32_t d_bits = ld.u16(offsetof(BlockQ8_0, d));
         ld.template words<G / 4, 2>(offsetof(BlockQ8_0, qs) + e0, q);
+        const float d = half_lo(d_bits);  // after the loads (see above)
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i)  // int8 x: byte x ^ 0x80 is x + 128
             y[i] = mul_rn(d, byte_minus(q[i / 4] ^ 0x80808080u, i % 4, 128.0f));
@@ -205,7 +200,7 @@ struct Q6_K {
         ld.template words<G / 4, G>(offsetof(BlockQ6_K, qh) + 32 * hf + l0, qh);
         // Scale math after the element loads (see above): placed before them, it made
         // every GPU thread wait for d and sc first, two memory latencies in a row.
-        const float ds = mul_rn(half_to_f32(d), static_cast<float>(static_cast<int8_t>(sc)));
+        const float ds = mul_rn(half_lo(d), static_cast<float>(static_cast<int8_t>(sc)));
         const int lshift = 4 * (r >> 1), hshift = 2 * r;
 KBIT_GGUF_UNROLL
         for (int i = 0; i < G; ++i) {
