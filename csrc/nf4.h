@@ -221,11 +221,9 @@ KBIT_HD int encode_dynamic(const float *code, float v) {
     return v < mul_rn(add_rn(lo, val), 0.5f) ? lo_idx : pivot;
 }
 
-// The GPU's arithmetic NaN and its f16/bf16 conversions of any NaN (see the top).
+// The GPU's arithmetic NaN (see the top). Outputs go through common.h's store_cast,
+// which gives the GPU's f16/bf16/fp32 bits for any value, NaN included.
 KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
-KBIT_HD float to_output(F32, float v) { return canonical_nan(v); }
-KBIT_HD uint16_t to_output(F16, float v) { return v != v ? 0x7FFF : f32_to_f16_bits(v); }
-KBIT_HD uint16_t to_output(BF16, float v) { return v != v ? 0x7FFF : f32_to_bf16_bits(v); }
 
 // ---- sizes and argument checks ----------------------------------------------------------
 

@@ -77,7 +77,7 @@ float load(const void *p, int64_t i) {
 
 template <class T>
 void store(void *p, int64_t i, float v) {
-    static_cast<typename T::storage *>(p)[i] = to_output(T{}, v);
+    static_cast<typename T::storage *>(p)[i] = store_cast(T{}, v);
 }
 
 template <class T, class Fmt>
