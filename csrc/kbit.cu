@@ -439,21 +439,13 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
             pick_codes<Full, false>(s, x, nvalid, inv, c);
         }
     } else {
-        float dec;
-        if (FMT == KBIT_ABSMAX_FP32) {
-            // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
-            over = finite && a_s > kF32Max;
-            dec = !finite ? NAN : (over ? kF32Max : a_s);
-            if (h == 0 && in_range) *scale = dec;
-        } else {
-            over = finite && a_s > kF16Max;
-            uint16_t bits = __half_as_ushort(__float2half_rn(a_s));  // = f16_ceil_bits
-            if (f16_bits_to_f32(bits) < a_s) ++bits;
-            bits = !finite ? 0x7E00 : (over ? 0x7BFF : bits);
-            if (h == 0 && in_range) *scale = bits;
-            dec = f16_bits_to_f32(bits);
+        const PlainScale sc = plain_scale(FMT, a_s, finite);
+        over = sc.over;
+        if (h == 0 && in_range) {
+            if constexpr (FMT == KBIT_ABSMAX_FP32) *scale = sc.value;
+            else *scale = static_cast<uint16_t>(sc.bits);
         }
-        pick_codes<Full, false>(s, x, nvalid, finite ? inverse_scale(mul_rn(dec, ts)) : 0.0f, c);
+        pick_codes<Full, false>(s, x, nvalid, finite ? inverse_scale(mul_rn(sc.value, ts)) : 0.0f, c);
     }
 
     // Non-finite blocks and elements past n get code 0.

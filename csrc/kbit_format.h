@@ -61,8 +61,28 @@ KBIT_HD int e4m4_ceil(float a) {
 
 // Smallest fp16 (as bits) >= a (a finite, 0 <= a <= 65504).
 KBIT_HD uint16_t f16_ceil_bits(float a) {
-    uint16_t h = f32_to_f16_bits(a);
+    const uint16_t h = store_cast(F16{}, a);  // round to nearest (the hardware's on the GPU)
     return f16_bits_to_f32(h) < a ? static_cast<uint16_t>(h + 1) : h;
+}
+
+// The fp32 or fp16 scale stored for a block with a_s = absmax / tensor_scale: its bits
+// and value, and whether the block is over the format's range. A block over the range
+// is stored at the format's maximum (fp32: only with a caller's tensor_scale < 1); a
+// non-finite block stores NaN.
+struct PlainScale {
+    uint32_t bits;
+    float value;
+    bool over;
+};
+KBIT_HD PlainScale plain_scale(kbit_absmax_format fmt, float a_s, bool finite) {
+    if (fmt == KBIT_ABSMAX_FP32) {
+        const bool over = finite && a_s > kF32Max;
+        const float v = !finite ? NAN : (over ? kF32Max : a_s);
+        return {f32_bits(v), v, over};
+    }
+    const bool over = finite && a_s > kF16Max;
+    const uint16_t h = !finite ? 0x7E00 : (over ? 0x7BFF : f16_ceil_bits(a_s));
+    return {h, f16_bits_to_f32(h), over};
 }
 
 // A stored block scale, given as its raw bits (1, 2 or 4 bytes), as a float.

@@ -62,16 +62,12 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
     bool over = false;
     float dec = 0.0f;
 
-    if (fmt == KBIT_ABSMAX_FP32) {
-        // A finite block over the float range (a caller's tensor_scale < 1) is clipped.
-        over = finite && a_s > kF32Max;
-        dec = !finite ? NAN : (over ? kF32Max : a_s);
-        static_cast<float *>(absmax)[b] = dec;
-    } else if (fmt == KBIT_ABSMAX_FP16) {
-        over = finite && a_s > kF16Max;
-        uint16_t h = !finite ? 0x7E00 : (over ? 0x7BFF : f16_ceil_bits(a_s));
-        static_cast<uint16_t *>(absmax)[b] = h;
-        dec = f16_bits_to_f32(h);
+    if (fmt != KBIT_ABSMAX_E4M4) {
+        const PlainScale sc = plain_scale(fmt, a_s, finite);
+        over = sc.over;
+        dec = sc.value;
+        if (fmt == KBIT_ABSMAX_FP32) static_cast<float *>(absmax)[b] = sc.value;
+        else static_cast<uint16_t *>(absmax)[b] = static_cast<uint16_t>(sc.bits);
     } else {
         int c0 = finite ? e4m4_ceil(a_s) : 256;
         over = c0 > 255;
