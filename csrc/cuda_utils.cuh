@@ -41,8 +41,12 @@ inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
 
 // Grid for a grid-stride kernel: as many blocks as are resident at once on every SM
 // (from the occupancy calculator, read once per kernel), never more than the work.
+// With max_waves > 1, up to that many times as many, as long as every block still gets
+// min_items work items: the hardware then hands the last blocks to whichever SMs are
+// free, so SMs that progress unevenly cost less at the end of the kernel.
 template <auto Kernel>
-cudaError_t resident_grid(int threads, size_t smem, int64_t work_blocks, int *grid) {
+cudaError_t resident_grid(int threads, size_t smem, int64_t work_items, int *grid,
+                          int max_waves = 1, int64_t min_items = 1) {
     static std::atomic<int> per_sm{0};
     int b = per_sm.load(std::memory_order_relaxed);
     if (b == 0) {
@@ -51,7 +55,13 @@ cudaError_t resident_grid(int threads, size_t smem, int64_t work_blocks, int *gr
         b = b < 1 ? 1 : b;
         per_sm.store(b, std::memory_order_relaxed);
     }
-    return grid_for(work_blocks, b, grid);
+    int sms = 0;
+    cudaError_t err = sm_count(&sms);
+    if (err != cudaSuccess) return err;
+    const int64_t one_wave = static_cast<int64_t>(sms) * b;
+    int64_t waves = work_items / (one_wave * min_items);
+    waves = waves < 1 ? 1 : (waves > max_waves ? max_waves : waves);
+    return grid_for(work_items, static_cast<int>(b * waves), grid);
 }
 
 // Two floats rounded to T (fp16/bf16) and packed into one word, a in the low half (the

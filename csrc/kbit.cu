@@ -431,11 +431,8 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
         }
         if (h == 0 && in_range) *scale = static_cast<uint8_t>(best);
         if (best_score == INFINITY) {  // nothing chosen: zero, non-finite or clipped block
-            const float dec = e4m4_decode(best);
-            const bool searched = finite && !over && dec > 0.0f;
-            const float inv = !finite    ? 0.0f
-                              : searched ? e4m4_inverse(s.t.rcp_e4m4[best], rcp_ts)
-                                         : inverse_scale(mul_rn(dec, ts));
+            const float inv = stored_inverse(true, finite, over, e4m4_decode(best),
+                                             s.t.rcp_e4m4[best], ts, rcp_ts);
             pick_codes<Full, false>(s, x, nvalid, inv, c);
         }
     } else {
@@ -445,7 +442,8 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
             if constexpr (FMT == KBIT_ABSMAX_FP32) *scale = sc.value;
             else *scale = static_cast<uint16_t>(sc.bits);
         }
-        pick_codes<Full, false>(s, x, nvalid, finite ? inverse_scale(mul_rn(sc.value, ts)) : 0.0f, c);
+        pick_codes<Full, false>(s, x, nvalid,
+                                stored_inverse(false, finite, over, sc.value, 0.0f, ts, rcp_ts), c);
     }
 
     // Non-finite blocks and elements past n get code 0.

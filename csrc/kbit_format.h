@@ -187,6 +187,18 @@ KBIT_HD float e4m4_inverse(float rcp_dec, float rcp_ts) {
     return r < kF32Max ? r : kF32Max;
 }
 
+// The inverse of a block's stored scale dec when the codes are taken against it
+// directly (fp32/fp16 scales, or an E4M4 block for which no candidate was chosen): 0
+// for a non-finite block; for an E4M4 code the search could have tried (in range and
+// non-zero) the candidates' own definition, e4m4_inverse(rcp_dec = rcp(dec)); else
+// 1 / (dec * ts).
+KBIT_HD float stored_inverse(bool e4m4, bool finite, bool over, float dec, float rcp_dec,
+                             float ts, float rcp_ts) {
+    if (!finite) return 0.0f;
+    if (e4m4 && !over && dec > 0.0f) return e4m4_inverse(rcp_dec, rcp_ts);
+    return inverse_scale(mul_rn(dec, ts));
+}
+
 // Adds one element's squared residual to a run's sum.
 KBIT_HD float add_error(float acc, float v, float value) {
     const float r = sub_rn(v, value);

@@ -34,6 +34,10 @@ constexpr int kQuantTile = 4096;                          // elements per quanti
 constexpr int kQuantTileLog2 = 12;
 constexpr int kDequantRounds = 8;                         // chunks per dequantizer thread step
 constexpr int kPerSm = 8;                                 // resident CTAs per SM to aim for
+// Quantize: up to 6 waves of resident CTAs, each CTA with at least 2 tiles (measured
+// at 2^24..2^28 elements with 1, 2, 3, 4 and 6 waves: bench/RESULTS.md).
+constexpr int kQuantMaxWaves = 6;
+constexpr int kQuantMinTiles = 2;
 // Dequantize: one step per thread, enough CTAs to cover about 2^33 elements before the
 // loop strides (short-lived CTAs keep more loads in flight than looping ones).
 constexpr int kDequantPerSm = 4096;
@@ -701,9 +705,11 @@ int64_t dequantize_ctas(int64_t n) {
 template <class T, class Fmt>
 cudaError_t launch_quantize(const void *input, int64_t n, int blocksize, float *absmax,
                             uint8_t *packed, cudaStream_t stream) {
-    int grid = 0;  // persistent CTAs: as many as are resident at once
-    cudaError_t err =
-        resident_grid<quantize_kernel<T, Fmt>>(kThreads, 0, (n + kQuantTile - 1) / kQuantTile, &grid);
+    // Long-lived CTAs that loop over tiles, in several waves on large tensors: with one
+    // wave the SMs finished unevenly (ncu: idle for 13% of the kernel at 2^26 elements).
+    int grid = 0;
+    cudaError_t err = resident_grid<quantize_kernel<T, Fmt>>(
+        kThreads, 0, (n + kQuantTile - 1) / kQuantTile, &grid, kQuantMaxWaves, kQuantMinTiles);
     if (err != cudaSuccess) return err;
     quantize_kernel<T, Fmt><<<grid, kThreads, 0, stream>>>(
         static_cast<const typename T::storage *>(input), n, log2_of(blocksize),

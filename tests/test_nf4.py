@@ -726,6 +726,21 @@ def test_gpu_python_api(rng, qt):
 
 
 @requires_gpu
+@pytest.mark.parametrize("tag", ("fp16", "fp32"))
+def test_gpu_quantize_large_matches_host(rng, tag):
+    # Large enough that the quantizer launches several waves of CTAs, each looping over
+    # several tiles (on an H100, 3 waves for fp16 and 6 for fp32), with a partial tile
+    # at the end: every byte must still be the host's.
+    n = 2 ** 25 + 3 * 4096 + 7
+    for qt, bs in (("nf4", 64), ("fp4", 4096)):
+        x = random_input(rng, n, tag)
+        hp, ha = host_quantize(qt, tag, x, bs)
+        gp, ga = gpu_quantize(qt, tag, x, bs)
+        assert np.array_equal(gp, hp), (qt, bs)
+        assert np.array_equal(ga.view(np.uint32), ha.view(np.uint32)), (qt, bs)
+
+
+@requires_gpu
 def test_gpu_more_than_2_31_elements(rng):
     torch = _torch()
     free, _ = torch.cuda.mem_get_info()

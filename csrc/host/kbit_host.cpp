@@ -103,10 +103,8 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
     }
 
     if (!have_codes) {  // no scale searched (or none chosen): codes against the stored one
-        const bool searched = fmt == KBIT_ABSMAX_E4M4 && finite && !over && dec > 0.0f;
-        const float inv = !finite    ? 0.0f
-                          : searched ? e4m4_inverse(rcp_rn(dec), rcp_rn(ts))
-                                     : inverse_scale(mul_rn(dec, ts));
+        const float inv = stored_inverse(fmt == KBIT_ABSMAX_E4M4, finite, over, dec, rcp_rn(dec),
+                                         ts, rcp_rn(ts));
         for (int i = 0; i < valid; ++i)
             codes[i] = finite ? static_cast<uint8_t>(search_nearest(tab, scaled(x[i], inv)).code) : 0;
     }
