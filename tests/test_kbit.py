@@ -352,7 +352,13 @@ def tie_and_dense_codebooks(rng, k):
     """Codebooks that reach the search's edge cases: entries in an order where exact
     midpoints go up or down, and entries closer together than the search's bins."""
     m = 1 << k
-    perm = rng.permutation(np.linspace(-1, 1, m)).astype(np.float32)
+    # Ties go up where the larger of two neighbouring entries has the lower index, so the
+    # order must be neither ascending nor descending (at K = 2, 1 draw in 12 is).
+    while True:
+        perm = rng.permutation(np.linspace(-1, 1, m)).astype(np.float32)
+        rising = np.diff(perm) > 0
+        if rising.any() and not rising.all():
+            break
     dense = np.linspace(-1, 1, m).astype(np.float32)
     d = min(4, m // 2)
     dense[m // 2: m // 2 + d] = np.float32(0.25) + np.float32(1 / 1024) * np.arange(d)
