@@ -270,6 +270,53 @@ def test_gpu_two_streams_two_threads(rng):
         assert same_values(gy, host_dequantize(hp, ha, k, inputs[i].size, "fp16", "bfloat16"))
 
 
+def test_gpu_range_errors_stay_with_their_thread(rng):
+    # The device's range flag is shared by every thread and stream. One thread quantizes
+    # a tensor holding a NaN with E4M4 (an error every time), the other finite data
+    # (never an error), on their own streams: each must get its own outcome every call.
+    import torch
+    good = to_gpu(make_input(rng, 200_003, "float16"), "float16")
+    bad_np = make_input(rng, 200_003, "float16")
+    bad_np[int(rng.integers(bad_np.size))] = np.nan
+    bad = to_gpu(bad_np, "float16")
+    raised = ([], [])
+    errors = []
+
+    def work(i):
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for _ in range(20):
+                    try:
+                        kbit.quantize(bad if i else good, k=4)
+                        raised[i].append(False)
+                    except kbit.KbitError:
+                        raised[i].append(True)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert raised == ([False] * 20, [True] * 20)
+
+
+def test_gpu_caller_scale_overflow_raises_like_host():
+    # With a caller's tensor_scale an fp32-absmax block can overflow: the block is
+    # stored at FLT_MAX and both paths report it.
+    import torch
+    x = np.zeros(96, np.float32)
+    x[40] = 3e38
+    for arr in (x, torch.from_numpy(x).cuda()):
+        with pytest.raises(kbit.KbitError, match="does not fit|exceed"):
+            kbit.quantize(arr, k=4, absmax="fp32", tensor_scale=0.5)
+        q = kbit.quantize(arr, k=4, absmax="fp32", tensor_scale=2.0)  # fits: no error
+        absmax = q.absmax.cpu().numpy() if hasattr(q.absmax, "cpu") else q.absmax
+        assert absmax[1] == x[40] / np.float32(2)
+
+
 def test_gpu_python_api_torch(rng):
     import torch
     x = make_input(rng, 4 * 1001, "float32").reshape(4, 1001)

@@ -3,6 +3,7 @@ CUDA arrays of any framework (on the GPU, on the framework's current stream)."""
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,23 +152,31 @@ def _quantize_device(x, dev, k, absmax, fmt, cb, tensor_scale) -> QuantizedTenso
     packed = _arrays.empty_device(dev, (n_blocks * k,), "uint32")
     am = _arrays.empty_device(dev, (n_blocks,), _ABSMAX_NP[absmax])
     cb_dev = _arrays.to_device(cb, dev) if cb is not None else None
+    args = (dev.ptr, n, _DTYPE_ID[dev.dtype], k,
+            _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, fmt, ts,
+            _arrays.device_view(am).ptr, _arrays.device_view(packed).ptr, stream)
     # The device flag reports blocks that do not fit: over the range (only possible
-    # with a caller's tensor_scale) or NaN/Inf with E4M4 (which has no NaN).
-    check = absmax == "e4m4" or (tensor_scale is not None and absmax == "fp16")
-    if check:
-        call("kbit_get_range_flag", ctypes.byref(ctypes.c_int()), 1)
-    call("kbit_quantize", dev.ptr, n, _DTYPE_ID[dev.dtype], k,
-         _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, fmt, ts,
-         _arrays.device_view(am).ptr, _arrays.device_view(packed).ptr, stream)
-    if check:
-        raised = ctypes.c_int()
-        call("kbit_get_range_flag", ctypes.byref(raised), 1)
+    # with a caller's tensor_scale) or NaN/Inf with E4M4 (which has no NaN). Other
+    # calls cannot raise it and need no check.
+    if absmax == "e4m4" or tensor_scale is not None:
+        # One flag per device for every thread and stream: the lock keeps another
+        # thread's clear or read from landing between this call's clear and read.
+        with _RANGE_FLAG_LOCK:
+            call("kbit_get_range_flag", ctypes.byref(ctypes.c_int()), 1)
+            call("kbit_quantize", *args)
+            raised = ctypes.c_int()
+            call("kbit_get_range_flag", ctypes.byref(raised), 1)
         if raised.value:
             raise KbitError(f"a block does not fit the {absmax} absmax format at "
                             f"tensor_scale={ts.value}: it holds NaN/Inf (E4M4 cannot "
                             "represent them: use absmax='fp16' or 'fp32') or exceeds the "
                             "range (pass tensor_scale=None to let kbit choose it)", 4)
+    else:
+        call("kbit_quantize", *args)
     return QuantizedTensor(packed, am, k, tuple(dev.shape), dev.dtype, absmax, ts.value, cb)
+
+
+_RANGE_FLAG_LOCK = threading.Lock()
 
 
 def dequantize(q: QuantizedTensor, dtype=None, out=None):
