@@ -47,11 +47,14 @@ OUT ?= $(BUILD)/gpu-check
 gpu-check:
 	bench/gpu_check.sh $(BUILD) $(OUT) $(BENCH_SIZES)
 
-# Wheels of the pure-Python test dependencies for a GPU machine without network
-# (carry .whl there; bench/gpu_check.sh installs them).
+# Wheels of test dependencies for a GPU machine without network (carry .whl there;
+# bench/gpu_check.sh installs them): gguf, and bitsandbytes for the byte comparisons
+# with its own GPU kernels (it needs the machine's PyTorch).
 device-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	    --implementation cp --platform any -d .whl gguf
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes
 
 clean:
 	rm -rf $(BUILD) bindings/python/kbit/libkbit.so
