@@ -236,32 +236,41 @@ def test_gpu_graph_capture(rng):
         assert same_values(out.cpu().numpy(), host_dequantize(hp, ha, k, n, fmt, "float16"))
 
 
-def test_gpu_two_streams_two_threads(rng):
-    import torch
-    inputs = [make_input(rng, 300_001 + i, "bfloat16") for i in range(2)]
-    results = [None, None]
+def run_in_threads(work, count=2):
+    """Runs work(i) for i = 0..count-1 in as many threads at once; fails on their errors."""
     errors = []
 
-    def work(i):
+    def guarded(i):
         try:
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                xg = to_gpu(inputs[i], "bfloat16")
-                for _ in range(5):
-                    q = kbit.quantize(xg, k=2 + i, absmax="fp16")
-                    y = kbit.dequantize(q)
-                s.synchronize()
-                results[i] = (q.packed.cpu().numpy(), q.absmax.cpu().numpy(),
-                              y.view(torch.int16).cpu().numpy().view(np.uint16))
+            work(i)
         except Exception as e:  # surfaced below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_gpu_two_streams_two_threads(rng):
+    import torch
+    inputs = [make_input(rng, 300_001 + i, "bfloat16") for i in range(2)]
+    results = [None, None]
+
+    def work(i):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            xg = to_gpu(inputs[i], "bfloat16")
+            for _ in range(5):
+                q = kbit.quantize(xg, k=2 + i, absmax="fp16")
+                y = kbit.dequantize(q)
+            s.synchronize()
+            results[i] = (q.packed.cpu().numpy(), q.absmax.cpu().numpy(),
+                          y.view(torch.int16).cpu().numpy().view(np.uint16))
+
+    run_in_threads(work)
     for i in range(2):
         k = 2 + i
         hp, ha = host_quantize(inputs[i], k, "fp16", "bfloat16")
@@ -280,26 +289,17 @@ def test_gpu_range_errors_stay_with_their_thread(rng):
     bad_np[int(rng.integers(bad_np.size))] = np.nan
     bad = to_gpu(bad_np, "float16")
     raised = ([], [])
-    errors = []
 
     def work(i):
-        try:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                for _ in range(20):
-                    try:
-                        kbit.quantize(bad if i else good, k=4)
-                        raised[i].append(False)
-                    except kbit.KbitError:
-                        raised[i].append(True)
-        except Exception as e:  # surfaced below
-            errors.append(e)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(20):
+                try:
+                    kbit.quantize(bad if i else good, k=4)
+                    raised[i].append(False)
+                except kbit.KbitError:
+                    raised[i].append(True)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work)
     assert raised == ([False] * 20, [True] * 20)
 
 
