@@ -43,14 +43,34 @@ _FP4_MAGNITUDES = np.array([0.0, 0.005208333333, 0.66666667, 1.0,
                             0.33333333, 0.5, 0.16666667, 0.25], dtype=np.float32)
 FP4_TABLE = np.concatenate([_FP4_MAGNITUDES, -_FP4_MAGNITUDES]).astype(np.float32)
 
-# Decision thresholds of bitsandbytes' encoders (float32), ascending.
-NF4_THRESHOLDS = np.array([
-    -0.8480964004993439, -0.6106329262256622, -0.4599952697753906, -0.33967943489551544,
-    -0.23460740596055984, -0.13791173323988914, -0.045525018125772476, 0.03979014977812767,
-    0.1202552504837513, 0.2035212516784668, 0.2920137718319893, 0.3893125355243683,
-    0.5016634166240692, 0.6427869200706482, 0.8614784181118011], dtype=np.float32)
-FP4_THRESHOLDS = np.array([0.00260417, 0.0859375, 0.20833333, 0.29166667,
-                           0.4166667, 0.583333, 0.8333333], dtype=np.float32)
+
+def float32_literal(text: str) -> np.float32:
+    """The float32 a C/CUDA compiler makes of the literal `<text>f`: the decimal rounded
+    once, to nearest (ties to even). np.float32(float(text)) rounds twice, through a
+    double, and lands an ulp away when that double is a float32 midpoint, as it is for
+    four of bitsandbytes' NF4 thresholds."""
+    from fractions import Fraction
+    exact = Fraction(text)
+    near = np.float32(float(text))
+    cands = (np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf)))
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - exact),
+                                      int(np.array(c).view(np.uint32)) & 1))
+
+
+def _literals(*texts) -> np.ndarray:
+    return np.array([float32_literal(t) for t in texts], dtype=np.float32)
+
+
+# Decision thresholds of bitsandbytes' encoders, ascending, as written in its CUDA source
+# (float literals, which nvcc rounds once).
+NF4_THRESHOLDS = _literals(
+    "-0.8480964004993439", "-0.6106329262256622", "-0.4599952697753906",
+    "-0.33967943489551544", "-0.23460740596055984", "-0.13791173323988914",
+    "-0.045525018125772476", "0.03979014977812767", "0.1202552504837513",
+    "0.2035212516784668", "0.2920137718319893", "0.3893125355243683",
+    "0.5016634166240692", "0.6427869200706482", "0.8614784181118011")
+FP4_THRESHOLDS = _literals("0.00260417", "0.0859375", "0.20833333", "0.29166667",
+                           "0.4166667", "0.583333", "0.8333333")
 # FP4 magnitude rank (0 = smallest) -> the three magnitude bits of its code.
 FP4_RANK_TO_CODE = np.array([0, 1, 6, 7, 4, 5, 2, 3], dtype=np.uint8)
 
