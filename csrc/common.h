@@ -3,6 +3,7 @@
 // the CPU and the GPU.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -52,10 +53,17 @@ kbit_status guarded(F &&body) noexcept {
 
 // ---- argument checks (each returns KBIT_SUCCESS or records the failure) ------------
 
-inline kbit_status check_n(int64_t n) {
-    return n < 0 ? fail(KBIT_ERROR_INVALID_ARGUMENT, "n must be >= 0, got %lld",
-                        static_cast<long long>(n))
-                 : KBIT_SUCCESS;
+// n elements of `elem` bytes (the largest per-element array of the call): n >= 0, and
+// n * elem fits in the address space, so no size or index derived from n overflows.
+inline kbit_status check_n(int64_t n, size_t elem) {
+    if (n < 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "n must be >= 0, got %lld",
+                    static_cast<long long>(n));
+    if (static_cast<uint64_t>(n) > static_cast<uint64_t>(PTRDIFF_MAX) / elem)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "n = %lld elements of %zu bytes exceed the address space",
+                    static_cast<long long>(n), elem);
+    return KBIT_SUCCESS;
 }
 
 inline kbit_status check_ptr(const void *p, const char *name, size_t align) {

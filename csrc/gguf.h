@@ -246,7 +246,7 @@ namespace gguf {
 // Argument checks shared by the GPU and CPU entries (n = 0 is a no-op).
 template <class Fmt, class T>
 inline kbit_status check_args(const void *blocks, int64_t n, const void *output) {
-    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_n(n, sizeof(typename T::storage)));
     if (n % Fmt::kElems != 0)
         return fail(KBIT_ERROR_INVALID_ARGUMENT,
                     "n = %lld is not a multiple of the block size %d",

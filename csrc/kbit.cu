@@ -783,7 +783,7 @@ KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n, kbi
                                                kbit_absmax_format absmax_format,
                                                float *tensor_scale, kbit_stream_t stream) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_common(n, absmax_format, 1.0f));
+        KBIT_TRY(kbit::check_common(n, kbit::dtype_size(dtype), absmax_format, 1.0f));
         if (!kbit::valid_dtype(dtype))
             return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
         KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));

@@ -37,12 +37,19 @@ auto with_dtype(kbit_dtype dtype, Fn &&f) {
     }
 }
 
+// kbit blocks for n >= 0 elements, ceil(n / 32), without overflow for any n.
+inline int64_t blocks_of(int64_t n) {
+    return n / KBIT_BLOCK_SIZE + (n % KBIT_BLOCK_SIZE != 0);
+}
+
 inline size_t absmax_align(kbit_absmax_format f) {
     return f == KBIT_ABSMAX_FP32 ? 4 : (f == KBIT_ABSMAX_FP16 ? 2 : 1);
 }
 
-inline kbit_status check_common(int64_t n, kbit_absmax_format fmt, float tensor_scale) {
-    KBIT_TRY(check_n(n));
+// elem: bytes per element of the input (quantize) or output (dequantize).
+inline kbit_status check_common(int64_t n, size_t elem, kbit_absmax_format fmt,
+                                float tensor_scale) {
+    KBIT_TRY(check_n(n, elem));
     if (static_cast<int>(fmt) < KBIT_ABSMAX_FP32 || static_cast<int>(fmt) > KBIT_ABSMAX_E4M4)
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown absmax format %d", static_cast<int>(fmt));
     if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
@@ -55,7 +62,7 @@ inline kbit_status check_common(int64_t n, kbit_absmax_format fmt, float tensor_
 inline kbit_status check_quantize(const void *input, int64_t n, size_t elem,
                                   const float *codebook, kbit_absmax_format fmt,
                                   float tensor_scale, const void *absmax, const uint32_t *packed) {
-    KBIT_TRY(check_common(n, fmt, tensor_scale));
+    KBIT_TRY(check_common(n, elem, fmt, tensor_scale));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(input, "input", elem));
     if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
@@ -68,7 +75,7 @@ inline kbit_status check_dequantize(const uint32_t *packed, const void *absmax,
                                     kbit_absmax_format fmt, float tensor_scale,
                                     const float *codebook, int64_t n, const void *output,
                                     size_t elem) {
-    KBIT_TRY(check_common(n, fmt, tensor_scale));
+    KBIT_TRY(check_common(n, elem, fmt, tensor_scale));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(packed, "packed", 4));
     KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));

@@ -827,7 +827,7 @@ KBIT_FOR_EACH_NF4_INSTANCE
 KBIT_API kbit_status kbit_nf4_absmax_mean(const float *absmax, int64_t count, float *mean,
                                           kbit_stream_t stream) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
         KBIT_TRY(kbit::check_ptr(mean, "mean", 4));
@@ -841,7 +841,7 @@ KBIT_API kbit_status kbit_nf4_quantize_absmax(const float *absmax, int64_t count
                                               uint8_t *qabsmax, float *absmax2,
                                               kbit_stream_t stream) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
         KBIT_TRY(kbit::bnb4::check_dq_state(qabsmax, absmax2, code, offset));
@@ -856,7 +856,7 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax(const uint8_t *qabsmax, const fl
                                                 int64_t count, float *absmax,
                                                 kbit_stream_t stream) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(kbit::bnb4::check_dq_state(qabsmax, absmax2, code, offset));
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));

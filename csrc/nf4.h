@@ -237,7 +237,8 @@ inline int log2_of(int bs) {
     return l;
 }
 
-inline int64_t blocks_of(int64_t n, int bs) { return (n + bs - 1) / bs; }
+// ceil(n / bs) for n >= 0, without overflow for any n.
+inline int64_t blocks_of(int64_t n, int bs) { return n / bs + (n % bs != 0); }
 
 inline kbit_status check_blocksize(int bs) {
     return valid_blocksize(bs)
@@ -248,7 +249,7 @@ inline kbit_status check_blocksize(int bs) {
 
 inline kbit_status check_quantize(const void *input, int64_t n, size_t elem, int bs,
                                   const float *absmax, const uint8_t *packed) {
-    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_n(n, elem));
     KBIT_TRY(check_blocksize(bs));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(input, "input", elem));
@@ -259,7 +260,7 @@ inline kbit_status check_quantize(const void *input, int64_t n, size_t elem, int
 
 inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, int64_t n,
                                     int bs, const void *output, size_t elem) {
-    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_n(n, elem));
     KBIT_TRY(check_blocksize(bs));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(packed, "packed", 1));
@@ -282,7 +283,7 @@ inline kbit_status check_dequantize_dq(const uint8_t *packed, const uint8_t *qab
                                        const float *absmax2, const float *code,
                                        const float *offset, int64_t n, int bs,
                                        const void *output, size_t elem) {
-    KBIT_TRY(check_n(n));
+    KBIT_TRY(check_n(n, elem));
     KBIT_TRY(check_blocksize(bs));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(packed, "packed", 1));

@@ -48,7 +48,8 @@ typedef struct CUstream_st *kbit_stream_t;
 /* Status codes: pinned, never renumbered. */
 typedef enum kbit_status {
     KBIT_SUCCESS = 0,
-    KBIT_ERROR_INVALID_ARGUMENT = 1, /* n < 0, k or enum out of range, bad size */
+    KBIT_ERROR_INVALID_ARGUMENT = 1, /* n < 0 or beyond the address space, k or enum out
+                                        of range, bad size */
     KBIT_ERROR_NULL_POINTER = 2,     /* a required pointer is NULL while n > 0 */
     KBIT_ERROR_MISALIGNED = 3,       /* pointer not aligned to its element size */
     KBIT_ERROR_RANGE = 4,            /* a block scale does not fit the absmax format */

@@ -235,14 +235,13 @@ KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *ab
 
 KBIT_API int64_t kbit_packed_words(int64_t n, int k) {
     if (n < 0 || k < 2 || k > 5) return -1;
-    return (n + kbit::kBlock - 1) / kbit::kBlock * k;
+    return kbit::blocks_of(n) * k;
 }
 
 KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format) {
     int f = static_cast<int>(absmax_format);
     if (n < 0 || f < KBIT_ABSMAX_FP32 || f > KBIT_ABSMAX_E4M4) return -1;
-    return (n + kbit::kBlock - 1) / kbit::kBlock *
-           static_cast<int64_t>(kbit::absmax_align(absmax_format));
+    return kbit::blocks_of(n) * static_cast<int64_t>(kbit::absmax_align(absmax_format));
 }
 
 KBIT_API float kbit_e4m4_decode(uint8_t code) { return kbit::e4m4_decode(code); }
@@ -260,7 +259,7 @@ KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n
                                                     kbit_absmax_format absmax_format,
                                                     float *tensor_scale) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_common(n, absmax_format, 1.0f));
+        KBIT_TRY(kbit::check_common(n, kbit::dtype_size(dtype), absmax_format, 1.0f));
         if (!kbit::valid_dtype(dtype))
             return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
         KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));

@@ -208,7 +208,7 @@ KBIT_FOR_EACH_NF4_INSTANCE
 
 KBIT_API kbit_status kbit_nf4_absmax_mean_host(const float *absmax, int64_t count, float *mean) {
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
         KBIT_TRY(kbit::check_ptr(mean, "mean", 4));
@@ -230,7 +230,7 @@ KBIT_API kbit_status kbit_nf4_quantize_absmax_host(const float *absmax, int64_t 
     using namespace kbit;
     using namespace kbit::bnb4;
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
         KBIT_TRY(check_dq_state(qabsmax, absmax2, code, offset));
@@ -263,7 +263,7 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
     using namespace kbit;
     using namespace kbit::bnb4;
     return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count));
+        KBIT_TRY(kbit::check_n(count, sizeof(float)));
         if (count == 0) return KBIT_SUCCESS;
         KBIT_TRY(check_dq_state(qabsmax, absmax2, code, offset));
         KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
