@@ -36,11 +36,23 @@ def dtype_name(dtype: Any) -> str:
                 "half": "float16", "float": "float32"}.get(dtype, dtype)
     else:
         name = str(dtype).replace("torch.", "")
-        if name not in _ITEMSIZE:
-            name = np.dtype(dtype).name
+        if name not in _ITEMSIZE and dtype is not None:  # np.dtype(None) is float64
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                pass
     if name not in _ITEMSIZE:
         raise KbitError(f"unsupported dtype {dtype!r}")
     return name
+
+
+def host_array(x, dtype=None) -> np.ndarray:
+    """x as a numpy array the C code can read: C-contiguous, aligned and in native byte
+    order (a copy only where x is not one already). dtype converts the values."""
+    arr = np.asarray(x, dtype=dtype)
+    if not arr.dtype.isnative:  # big-endian data: the same values in native order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.require(arr, requirements=["C", "A"])
 
 
 @dataclass
@@ -246,8 +258,10 @@ def host_output(out, shape, dtype: str) -> np.ndarray:
     if out is None:
         return np.empty(shape, dtype=np_dtype)
     if (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != size
-            or not out.flags.c_contiguous):
-        raise KbitError(f"out must be a contiguous numpy array of {size} {np_dtype}")
+            or not out.flags.c_contiguous or not out.flags.aligned
+            or not out.flags.writeable):
+        raise KbitError(f"out must be a writeable, aligned, contiguous numpy array of "
+                        f"{size} {np_dtype}")
     return out
 
 

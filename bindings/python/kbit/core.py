@@ -63,21 +63,25 @@ class QuantizedTensor(QuantizedBase):
 
 def default_codebook(k: int) -> np.ndarray:
     """The library's built-in normal-float codebook for k (float32, 2^k entries)."""
-    if k not in (2, 3, 4, 5):
-        raise KbitError(f"k must be 2..5, got {k}")
+    _check_k(k)
     cb = np.empty(1 << k, dtype=np.float32)
     call("kbit_default_codebook_host", k, cb.ctypes.data)
     return cb
 
 
+def _check_k(k):
+    # 4.0 == 4 and True == 1: only true integers are bit widths
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k not in (2, 3, 4, 5):
+        raise KbitError(f"k must be 2..5, got {k!r}")
+
+
 def _check_args(k: int, absmax: str, codebook):
-    if k not in (2, 3, 4, 5):
-        raise KbitError(f"k must be 2..5, got {k}")
-    if absmax not in _FORMAT_ID:
+    _check_k(k)
+    if not isinstance(absmax, str) or absmax not in _FORMAT_ID:
         raise KbitError(f"absmax must be one of {sorted(_FORMAT_ID)}, got {absmax!r}")
     if codebook is None:
         return None
-    cb = np.ascontiguousarray(np.asarray(codebook, dtype=np.float32).reshape(-1))
+    cb = _arrays.host_array(np.asarray(codebook, dtype=np.float32).reshape(-1))
     if cb.size != 1 << k:
         raise KbitError(f"codebook for k={k} needs {1 << k} entries, got {cb.size}")
     if not np.all(np.isfinite(cb)):
@@ -86,9 +90,7 @@ def _check_args(k: int, absmax: str, codebook):
 
 
 def _host_input(x, dtype):
-    arr = np.asarray(x)
-    if not arr.flags.c_contiguous:
-        arr = arr.copy(order="C")
+    arr = _arrays.host_array(x)
     if dtype is not None:
         name = _arrays.dtype_name(dtype)
         if name == "bfloat16":
@@ -193,8 +195,8 @@ def dequantize(q: QuantizedTensor, dtype=None, out=None):
     dev = _arrays.device_view(q.packed)
     n = q.n
     if dev is None:
-        packed = np.ascontiguousarray(q.packed, dtype=np.uint32)
-        am = np.ascontiguousarray(q.absmax, dtype=_ABSMAX_NP[q.absmax_format])
+        packed = _host_field(q.packed, "uint32", "packed", q)
+        am = _host_field(q.absmax, _ABSMAX_NP[q.absmax_format], "absmax", q)
         _check_sizes(packed.size, am.size, q)
         out = _arrays.host_output(out, q.shape, name)
         call("kbit_dequantize_host", packed.ctypes.data, am.ctypes.data, fmt,
@@ -213,6 +215,17 @@ def dequantize(q: QuantizedTensor, dtype=None, out=None):
              _arrays.device_view(cb_dev).ptr if cb_dev is not None else None, q.k, n,
              _DTYPE_ID[name], out_view.ptr, _arrays.current_stream(q.packed))
     return out
+
+
+def _host_field(a, dtype: str, what: str, q: QuantizedTensor) -> np.ndarray:
+    """A host field of q as `dtype` values. Integer codes and float scales are never
+    converted into each other: that would read E4M4 codes as fp16 scales, or truncate
+    scales into codes, when the field and q.absmax_format disagree."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "iuf" or (arr.dtype.kind == "f") != (np.dtype(dtype).kind == "f"):
+        raise KbitError(f"{what} must hold {dtype} values for absmax_format="
+                        f"{q.absmax_format!r}, got {arr.dtype}")
+    return _arrays.host_array(arr, dtype)
 
 
 def _check_sizes(packed_size: int, absmax_size: int, q: QuantizedTensor):

@@ -13,6 +13,7 @@ Host results for bfloat16 are uint16 bit patterns (numpy has no bfloat16).
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import struct
 from typing import Any
@@ -64,9 +65,12 @@ def _type_id(ggml_type) -> int:
         raise KbitError(f"unsupported GGUF block type {ggml_type!r} "
                         f"(supported: {', '.join(GGML_TYPES)})")
     try:
-        return int(ggml_type)
-    except (TypeError, ValueError):
+        tid = operator.index(ggml_type)  # an int or IntEnum; 12.5 is no type id
+    except TypeError:
         raise KbitError(f"not a ggml type: {ggml_type!r}") from None
+    if not 0 <= tid < 2 ** 31:  # what the C int holds, so its message names this id
+        raise KbitError(f"not a ggml type: {ggml_type!r}")
+    return tid
 
 
 def block_info(ggml_type) -> tuple[int, int]:
@@ -94,7 +98,10 @@ def dequantize(blocks, ggml_type, n: int, dtype="float32", out=None):
     """
     tid = _type_id(ggml_type)
     elems, bsize = block_info(tid)
-    n = int(n)
+    try:
+        n = operator.index(n)  # 512.7 elements must not become 512
+    except TypeError:
+        raise KbitError(f"n must be an integer element count, got {n!r}", 1) from None
     if n < 0 or n % elems:
         raise KbitError(f"n = {n} is not a non-negative multiple of the "
                         f"{_ggml_name(tid)} block size {elems}", 1)

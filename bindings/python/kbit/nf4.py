@@ -91,7 +91,9 @@ class Quantized4bit(QuantizedBase):
         q = cls(packed, qs.absmax, tuple(int(d) for d in qs.shape), _arrays.dtype_name(qs.dtype),
                 int(qs.blocksize), str(qs.quant_type))
         if nested:
-            s2 = qs.state2
+            s2 = getattr(qs, "state2", None)
+            if s2 is None:
+                raise KbitError("a nested quant_state needs state2 (absmax, code, blocksize)")
             if int(getattr(s2, "blocksize", DQ_BLOCKSIZE)) != DQ_BLOCKSIZE:
                 raise KbitError(f"nested absmax blocksize must be {DQ_BLOCKSIZE}, "
                                 f"got {s2.blocksize}")
@@ -109,12 +111,14 @@ def dynamic_map() -> np.ndarray:
 def _check_args(quant_type: str, blocksize: int):
     if quant_type not in ("nf4", "fp4"):
         raise KbitError(f"quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
-    if blocksize not in BLOCKSIZES:
-        raise KbitError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize}")
+    # 64.0 == 64: only true integers are block sizes
+    if (not isinstance(blocksize, (int, np.integer)) or isinstance(blocksize, bool)
+            or blocksize not in BLOCKSIZES):
+        raise KbitError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
 
 
 def _host_input(x, dtype):
-    arr = np.ascontiguousarray(np.asarray(x))
+    arr = _arrays.host_array(x)
     if dtype is not None and _arrays.dtype_name(dtype) == "bfloat16":
         if arr.dtype != np.uint16:
             raise KbitError("host bfloat16 input is passed as uint16 bits with dtype='bfloat16'")
@@ -207,13 +211,17 @@ def _check_state(q: Quantized4bit, sizes: dict):
         if q.code is not None:
             want["code"] = 4 * 256
     for name, size in want.items():
-        if sizes[name] < size:
+        # packed may carry a storage type's padding; the scales count blocks, so any
+        # other size means the state does not match the shape or blocksize
+        if sizes[name] < size or (name != "packed" and sizes[name] != size):
             raise KbitError(f"{name} has {sizes[name]} bytes, needs {size} for "
                             f"shape {q.shape} and blocksize {q.blocksize}")
 
 
 def _host_bytes(a, dtype):
-    arr = np.ascontiguousarray(np.asarray(a))
+    # float32 values are read in native order from an aligned copy where needed (a
+    # big-endian array is converted, not viewed); bytes are taken as they are stored
+    arr = _arrays.host_array(a) if dtype != "uint8" else np.ascontiguousarray(a)
     if arr.dtype != np.dtype(dtype):
         if arr.dtype.itemsize == np.dtype(dtype).itemsize or dtype == "uint8":
             arr = arr.view(dtype)  # same bytes (e.g. bitsandbytes' quant_storage)
@@ -231,6 +239,8 @@ def dequantize_4bit(q: Quantized4bit, out=None, dtype=None):
     name = _arrays.dtype_name(dtype) if dtype is not None else q.dtype
     if name not in _TYPE_TAG:
         raise KbitError(f"output dtype must be float32, float16 or bfloat16, got {name}")
+    if q.nested and q.offset is None:
+        raise KbitError("a nested state (absmax2 set) needs its offset")
     tag, n = _TYPE_TAG[name], q.n
     dev = _arrays.device_view(q.packed)
     if dev is None:
@@ -238,7 +248,7 @@ def dequantize_4bit(q: Quantized4bit, out=None, dtype=None):
                   "absmax": _host_bytes(q.absmax, "uint8" if q.nested else "float32")}
         if q.nested:
             arrays["absmax2"] = _host_bytes(q.absmax2, "float32")
-            arrays["offset"] = np.asarray(q.offset, dtype=np.float32).reshape(-1)
+            arrays["offset"] = _arrays.host_array(q.offset, np.float32).reshape(-1)
             if q.code is not None:
                 arrays["code"] = _host_bytes(q.code, "float32")
         _check_state(q, {k: v.nbytes for k, v in arrays.items()})
