@@ -103,9 +103,13 @@ KBIT_HD float decode_absmax(kbit_absmax_format fmt, const void *absmax, int64_t 
 
 // The tensor_scale for a tensor whose largest finite |x| is max_abs:
 //  - above the format's maximum: max_abs / limit (rounded up until it fits);
-//  - E4M4, max_abs at most half the maximum: the power of two that brings max_abs into
-//    (15.5, 31], so small tensors keep the 1-byte format's normal range (its subnormal
-//    scales below 2^-10 are coarse); a power of two keeps decode * tensor_scale exact;
+//  - a small tensor: the power of two that brings max_abs into [limit / 2, limit), so
+//    that block scales stay in the format's normal range, whose subnormal scales are
+//    coarse (a power of two keeps decode * tensor_scale exact, and the dequantized
+//    values are those of tensor_scale 1 wherever both scales are normal). Small is
+//    max_abs <= limit / 2 for E4M4, and max_abs < 2^-4 for fp16 (below that, blocks
+//    within 2^10 of the maximum could get subnormal fp16 scales; at 1e-12 every block
+//    did, and lost all accuracy). The power of two is at least 2^-126 (a normal float);
 //  - otherwise 1.
 inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
     float limit = fmt == KBIT_ABSMAX_E4M4 ? kE4M4Max : (fmt == KBIT_ABSMAX_FP16 ? kF16Max : INFINITY);
@@ -114,10 +118,13 @@ inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
         while (max_abs / ts > limit) ts = std::nextafter(ts, INFINITY);
         return ts;
     }
-    if (fmt != KBIT_ABSMAX_E4M4 || !(max_abs > 0.0f) || max_abs > 0.5f * limit) return 1.0f;
+    const bool small = fmt == KBIT_ABSMAX_E4M4   ? max_abs <= 0.5f * limit
+                       : fmt == KBIT_ABSMAX_FP16 ? max_abs < 0.0625f
+                                                 : false;
+    if (!small || !(max_abs > 0.0f)) return 1.0f;
     int e = 0;
-    std::frexp(max_abs / limit, &e);  // max_abs / limit = f * 2^e, f in [0.5, 1)
-    return std::ldexp(1.0f, e);       // max_abs / ts = limit * f in [15.5, 31)
+    std::frexp(static_cast<double>(max_abs) / limit, &e);  // exactly f * 2^e, f in [0.5, 1)
+    return std::ldexp(1.0f, e < -126 ? -126 : e);          // max_abs / ts = limit * f
 }
 
 // ---- nearest codebook entry ----------------------------------------------------------

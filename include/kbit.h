@@ -106,9 +106,9 @@ KBIT_API float kbit_e4m4_decode(uint8_t code);
 
 /*! Computes a tensor_scale under which every block of `input` (host memory) fits
  *  `absmax_format`: slightly above max|x| / format_max when max|x| exceeds the format;
- *  for E4M4 with max|x| <= 15.5, the power of two that brings max|x| into [15.5, 31)
- *  (keeping small tensors in E4M4's normal range); else 1.0. Non-finite values are
- *  ignored.
+ *  for E4M4 with max|x| <= 15.5, or fp16 with max|x| < 2^-4, the power of two (at least
+ *  2^-126) that brings max|x| into [format_max / 2, format_max), keeping small tensors'
+ *  block scales in the format's normal range; else 1.0. Non-finite values are ignored.
  *  @return KBIT_SUCCESS and *tensor_scale, or an error status. */
 KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n,
                                                     kbit_dtype dtype,

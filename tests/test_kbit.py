@@ -389,21 +389,38 @@ def test_exact_midpoints_and_dense_codebooks(rng, k):
         assert goes_up.any() and (~goes_up).any()
 
 
-@pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.05, 1.0, 3.0])
-def test_tensor_scale_brings_small_tensors_into_e4m4_normal_range(rng, scale):
+@pytest.mark.parametrize("scale", [1e-30, 1e-12, 1e-6, 1e-3, 0.05, 1.0, 3.0])
+def test_tensor_scale_brings_small_tensors_into_normal_range(rng, scale):
     x = (rng.standard_normal(4096) * scale).astype(np.float32)
+    amax = float(np.abs(x).max())
     ts = ctypes.c_float()
-    call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, 2, ctypes.byref(ts))
-    mantissa, _ = np.frexp(np.float32(ts.value))
-    assert mantissa == 0.5, "a power of two: decode * tensor_scale stays exact"
-    assert 15.5 <= np.abs(x).max() / ts.value < 31
-    # So accuracy does not depend on the tensor's magnitude.
-    y = kbit.dequantize(kbit.quantize(x, k=4))
-    assert R.sqnr_db(x, y) > 21
-    # fp16 and fp32 formats need no scale for such tensors.
-    for fmt in (0, 1):
+    for fmt, limit in ((2, 31.0), (1, 65504.0)):
         call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, fmt, ctypes.byref(ts))
-        assert ts.value == 1.0
+        if fmt == 1 and amax >= 2 ** -4:  # fp16 scales of such tensors are normal as they are
+            assert ts.value == 1.0
+            continue
+        mantissa, _ = np.frexp(np.float32(ts.value))
+        assert mantissa == 0.5, "a power of two: decode * tensor_scale stays exact"
+        assert limit / 2 <= amax / ts.value < limit
+    # So accuracy does not depend on the tensor's magnitude (fp16 scales at 1e-12 had
+    # all been subnormal: -68 dB).
+    for absmax, floor in (("e4m4", 21.5), ("fp16", 20.8)):
+        y = kbit.dequantize(kbit.quantize(x, k=4, absmax=absmax))
+        assert R.sqnr_db(x, y) > floor, absmax
+    # fp32 scales need none.
+    call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, 0, ctypes.byref(ts))
+    assert ts.value == 1.0
+
+
+def test_tensor_scale_of_a_tensor_of_subnormals():
+    # The power of two stops at 2^-126 (a normal float), where max|x| / limit would
+    # need a smaller one; the call stays valid.
+    x = np.full(64, 1e-45, np.float32)
+    ts = ctypes.c_float()
+    for fmt in (1, 2):
+        call("kbit_compute_tensor_scale_host", x.ctypes.data, x.size, 0, fmt, ctypes.byref(ts))
+        assert ts.value == 2.0 ** -126
+        kbit.quantize(x, k=4, absmax=("fp16", "e4m4")[fmt - 1])  # no error
 
 
 def test_host_rejects_nonfinite_codebook():
