@@ -11,7 +11,8 @@ The quantizer (the format leaves it free; this is the one kbit ships):
   3. Each element gets the code of the codebook entry nearest to x / d, where
      d = decode(stored) * tensor_scale. Nearest is decided against the midpoints of
      the sorted distinct entries (computed in float32); on an exact midpoint the lower
-     original index wins; among duplicates the lowest index wins.
+     original index wins; among duplicates the lowest index wins; a v equal to an
+     entry takes that entry, even where a rounded midpoint falls on it.
   4. Non-finite blocks: fp32/fp16 store NaN (the block dequantizes to NaN), E4M4 has
      no NaN, stores 255 and reports a range error. Blocks over the format's maximum
      are stored at the maximum and reported as range errors.
@@ -168,15 +169,19 @@ def _search_table(codebook: np.ndarray):
 
 
 def _nearest(v: np.ndarray, table) -> tuple[np.ndarray, np.ndarray]:
-    """Codes and codebook values of the entries nearest to v (any shape)."""
+    """Codes and codebook values of the entries nearest to v (any shape).
+
+    Between neighbouring entries s[j] < s[j+1] the threshold is their float32
+    midpoint, or the float just below it when an exact midpoint goes up (the upper
+    entry has the lower index), kept within [s[j], s[j+1]): a midpoint rounded onto an
+    entry (entries an ulp or two apart) must not take a v equal to that entry away
+    from it. v above thr[j] takes the upper entry."""
     s, idx, t, tie = table
-    p = np.searchsorted(t, v, side="left")  # number of midpoints < v
-    code, val = idx[p], s[p]
-    if t.size:
-        pc = np.minimum(p, t.size - 1)
-        on_mid = (p < t.size) & (v == t[pc])
-        code = np.where(on_mid, tie[pc], code)
-    return code.astype(np.uint8), val
+    below = np.float32(-np.inf)
+    thr = np.where(tie == idx[1:], np.nextafter(t, below), t)
+    thr = np.clip(thr, s[:-1], np.nextafter(s[1:], below)).astype(np.float32)
+    p = np.searchsorted(thr, v, side="left")  # number of thresholds < v
+    return idx[p].astype(np.uint8), s[p]
 
 
 def _as_float32(x) -> np.ndarray:
@@ -317,8 +322,8 @@ def dequantize_kbit(packed, absmax, k: int, n: int, codebook=None,
         dec = _E4M4_TABLE[am.astype(np.uint8)]
     else:
         dec = am.astype(np.float32)
-    d = (dec * np.float32(tensor_scale)).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
+        d = (dec * np.float32(tensor_scale)).astype(np.float32)
         out = (cb[codes] * d[:, None]).astype(np.float32).reshape(-1)[:n]
     return cast_from_float32(out, dtype)
 
