@@ -13,6 +13,8 @@ Host results for bfloat16 are uint16 bit patterns (numpy has no bfloat16).
 from __future__ import annotations
 
 import ctypes
+import math
+import mmap
 import operator
 import os
 import struct
@@ -113,6 +115,8 @@ def dequantize(blocks, ggml_type, n: int, dtype="float32", out=None):
         if not raw.flags.c_contiguous:
             raise KbitError("blocks must be a contiguous array of raw block bytes")
         raw = raw.reshape(-1).view(np.uint8)
+        if raw.ctypes.data % 2:  # GGUF data may sit at an odd offset (alignment 1):
+            raw = raw.copy()     # the C functions need 2-byte aligned blocks
         if raw.nbytes != need:
             raise KbitError(f"{n} {_ggml_name(tid)} elements take {need} bytes of blocks, "
                             f"got {raw.nbytes}")
@@ -219,12 +223,12 @@ def _backend(device):
 
 
 def _diagnose(path: str) -> str | None:
-    """Finds what is wrong with a GGUF file the gguf package could not read, naming the
-    tensor where there is one. None when nothing specific is found."""
+    """Walks a GGUF header with bounds checks (before GGUFReader, which does none) and
+    says what is wrong, naming the tensor where there is one. None when nothing is."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            data = np.memmap(f, mode="r") if size else b""
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except (OSError, ValueError) as e:
         return f"cannot map the file: {e}"
     pos = 0
@@ -233,7 +237,7 @@ def _diagnose(path: str) -> str | None:
         nonlocal pos
         if nbytes < 0 or pos + nbytes > size:
             raise _Truncated(f"file ends at byte {size} inside {what} (offset {pos})")
-        b = bytes(data[pos:pos + nbytes])
+        b = data[pos:pos + nbytes]
         pos += nbytes
         return b
 
@@ -267,6 +271,8 @@ def _diagnose(path: str) -> str | None:
         if take(4, "the magic") != b"GGUF":
             return "not a GGUF file (bad magic)"
         version = u32("the version")
+        if int.from_bytes(struct.pack("<I", version), "big") in (2, 3):
+            return "byte-swapped (big-endian) GGUF files are not supported"
         if version not in (2, 3):
             return f"unsupported GGUF version {version} (kbit reads versions 2 and 3)"
         n_tensors, n_kv = u64("the tensor count"), u64("the metadata count")
@@ -292,7 +298,7 @@ def _diagnose(path: str) -> str | None:
             except ValueError:
                 return f"tensor {name!r} has unknown ggml type id {tid}"
             block, tsize = GGML_QUANT_SIZES[qt]
-            n = int(np.prod(dims, dtype=np.int64)) if dims else 1
+            n = math.prod(dims)  # exact: dims from a corrupt file may be huge
             if dims and dims[0] % block:
                 return (f"tensor {name!r} ({qt.name}) has a row of {dims[0]} elements, not a "
                         f"multiple of its block size {block}")
@@ -302,6 +308,8 @@ def _diagnose(path: str) -> str | None:
                         "the file is truncated")
     except _Truncated as e:
         return f"corrupt or truncated header: {e}"
+    except RecursionError:
+        return "corrupt header: metadata arrays nested too deeply"
     return None
 
 
@@ -316,6 +324,11 @@ def _open(path: str):
         raise KbitError("reading GGUF files needs the 'gguf' package (pip install gguf)") from None
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such GGUF file: {path}")
+    # Walk the header with bounds checks first: GGUFReader reads past the end of a
+    # corrupt file without noticing and can then loop for hours or exhaust memory.
+    detail = _diagnose(path)
+    if detail is not None:
+        raise KbitError(f"{path}: cannot read GGUF file: {detail}", _INVALID_DATA)
     try:
         # Copy-on-write map: writable numpy views (torch accepts them) without ever
         # writing to or copying the file.

@@ -130,7 +130,10 @@ _DEQUANT = {"Q4_0": dequantize_q4_0, "Q8_0": dequantize_q8_0, "Q4_K": dequantize
 def dequantize_gguf(raw, ggml_type) -> np.ndarray:
     """Dequantizes whole blocks of `ggml_type` (a name such as 'Q4_K' or ggml's numeric
     id) to a flat float32 array."""
-    name = GGML_TYPES.get(ggml_type, ggml_type) if isinstance(ggml_type, int) else str(ggml_type)
+    if isinstance(ggml_type, (int, np.integer)):  # numpy ids too (GGUFReader fields)
+        name = GGML_TYPES.get(int(ggml_type), ggml_type)
+    else:
+        name = str(ggml_type)
     if name not in _DEQUANT:
         raise ValueError(f"unsupported GGUF block type {ggml_type!r}")
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf scales stay NaN/inf
