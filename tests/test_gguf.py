@@ -324,6 +324,21 @@ def _quant_tensor(rng, qtype, shape):
     return raw
 
 
+def add_tensors(w, rng, specs, quant_bytes=_quant_tensor):
+    """Adds {name: (ggml type name, numpy shape)} tensors of random values to GGUFWriter
+    w; quantized ones take their bytes from quant_bytes(rng, type, shape)."""
+    for name, (t, shape) in specs.items():
+        if t == "F32":
+            w.add_tensor(name, np.asarray(rng.standard_normal(shape), np.float32))
+        elif t == "F16":
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float16))
+        elif t == "BF16":
+            bits = float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))
+            w.add_tensor(name, bits.reshape(shape), raw_dtype=GT.BF16)
+        else:
+            w.add_tensor(name, quant_bytes(rng, t, shape), raw_dtype=GT[t])
+
+
 def write_gguf(path, rng, extra=()):
     """A small model file with every supported type, odd shapes and pass-through floats.
     Returns {name: (ggml type name, numpy shape)}."""
@@ -343,16 +358,7 @@ def write_gguf(path, rng, extra=()):
     w.add_uint32("kbit.test.value", 7)
     w.add_string("kbit.test.name", "gguf loader test")
     w.add_array("kbit.test.list", [1, 2, 3])
-    for name, (t, shape) in specs.items():
-        if t == "F32":
-            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
-        elif t == "F16":
-            w.add_tensor(name, rng.standard_normal(shape).astype(np.float16))
-        elif t == "BF16":
-            bits = float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))
-            w.add_tensor(name, bits.reshape(shape), raw_dtype=GT.BF16)
-        else:
-            w.add_tensor(name, _quant_tensor(rng, t, shape), raw_dtype=GT[t])
+    add_tensors(w, rng, specs)
     for name, raw, t in extra:
         specs[name] = (t.name, None)
         w.add_tensor(name, raw, raw_dtype=t)

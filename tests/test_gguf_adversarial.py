@@ -16,6 +16,7 @@ from kbit import gguf as kg
 from kbit._lib import KbitError
 from kbit.reference import gguf as rg
 from kbit.reference.kbit import float32_to_bf16_bits
+from test_gguf import add_tensors
 
 TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -267,16 +268,7 @@ def _write(path, rng, tensors, alignment=None, extra=(), note="xxx"):
     if alignment is not None:
         w.add_custom_alignment(alignment)
     w.add_string("kbit.note", note)      # its length moves the start of the tensor data
-    for name, (t, shape) in tensors.items():
-        if t == "F32":
-            w.add_tensor(name, np.asarray(rng.standard_normal(shape), np.float32))
-        elif t == "F16":
-            w.add_tensor(name, rng.standard_normal(shape).astype(np.float16))
-        elif t == "BF16":
-            b = float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))
-            w.add_tensor(name, b.reshape(shape), raw_dtype=GT.BF16)
-        else:
-            w.add_tensor(name, _quant_bytes(rng, t, shape), raw_dtype=GT[t])
+    add_tensors(w, rng, tensors, _quant_bytes)
     for name, arr, qt in extra:
         w.add_tensor(name, arr, raw_dtype=qt)
     w.write_header_to_file()
