@@ -37,11 +37,6 @@ auto with_dtype(kbit_dtype dtype, Fn &&f) {
     }
 }
 
-// kbit blocks for n >= 0 elements, ceil(n / 32), without overflow for any n.
-inline int64_t blocks_of(int64_t n) {
-    return n / KBIT_BLOCK_SIZE + (n % KBIT_BLOCK_SIZE != 0);
-}
-
 inline size_t absmax_align(kbit_absmax_format f) {
     return f == KBIT_ABSMAX_FP32 ? 4 : (f == KBIT_ABSMAX_FP16 ? 2 : 1);
 }

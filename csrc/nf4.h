@@ -237,9 +237,6 @@ inline int log2_of(int bs) {
     return l;
 }
 
-// ceil(n / bs) for n >= 0, without overflow for any n.
-inline int64_t blocks_of(int64_t n, int bs) { return n / bs + (n % bs != 0); }
-
 inline kbit_status check_blocksize(int bs) {
     return valid_blocksize(bs)
                ? KBIT_SUCCESS

@@ -49,10 +49,10 @@ const float *resolve_codebook(const float *codebook, int k) {
 enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
 
 // One block: writes the K packed words and the stored scale; says whether the block
-// fits the format (else it is stored at the format's maximum).
+// fits the format (else it is stored at the format's maximum). rcp_ts = rcp_rn(ts).
 template <int K>
 BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
-                    float ts, void *absmax, int64_t b, uint32_t *words) {
+                        float ts, float rcp_ts, void *absmax, int64_t b, uint32_t *words) {
     uint8_t codes[kBlock];
     bool have_codes = false;
     uint32_t amax_bits = 0;
@@ -73,7 +73,6 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
         over = c0 > 255;
         int best = over ? 255 : c0;
         if (!over && c0 > 0) {
-            const float rcp_ts = rcp_rn(ts);
             float best_score = INFINITY;
             for (int ci = 0; ci < kNumCandidates; ++ci) {
                 int c = c0 + candidate_offset(ci);
@@ -103,8 +102,9 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
     }
 
     if (!have_codes) {  // no scale searched (or none chosen): codes against the stored one
-        const float inv = stored_inverse(fmt == KBIT_ABSMAX_E4M4, finite, over, dec, rcp_rn(dec),
-                                         ts, rcp_rn(ts));
+        const bool e4m4 = fmt == KBIT_ABSMAX_E4M4;
+        const float inv = stored_inverse(e4m4, finite, over, dec, e4m4 ? rcp_rn(dec) : 0.0f, ts,
+                                         rcp_ts);
         for (int i = 0; i < valid; ++i)
             codes[i] = finite ? static_cast<uint8_t>(search_nearest(tab, scaled(x[i], inv)).code) : 0;
     }
@@ -127,7 +127,8 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
                 return fail(KBIT_ERROR_INVALID_ARGUMENT, "codebook[%d] is not finite", i);
     const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
     const auto *in = static_cast<const typename T::storage *>(input);
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t blocks = blocks_of(n, kBlock);
+    const float rcp_ts = rcp_rn(ts);
     std::atomic<int64_t> over{0}, nonfinite{0};
     parallel_for(blocks, kBlocksPerThread, [&](int64_t first, int64_t last) {
         int64_t local_over = 0, local_nonfinite = 0;
@@ -135,7 +136,8 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
         for (int64_t b = first; b < last; ++b) {
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
             for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
-            const BlockFit fit = quantize_block<K>(x, valid, tab, fmt, ts, absmax, b, packed + b * K);
+            const BlockFit fit = quantize_block<K>(x, valid, tab, fmt, ts, rcp_ts, absmax, b,
+                                                    packed + b * K);
             local_over += fit == kOverRange;
             local_nonfinite += fit == kNonFiniteE4M4;
         }
@@ -163,7 +165,7 @@ kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_abs
                               sizeof(typename T::storage)));
     const float *cb = resolve_codebook(codebook, K);
     auto *out = static_cast<typename T::storage *>(output);
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t blocks = blocks_of(n, kBlock);
     parallel_for(blocks, kBlocksPerThread, [&](int64_t first, int64_t last) {
         for (int64_t b = first; b < last; ++b) {
             const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
@@ -235,13 +237,13 @@ KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *ab
 
 KBIT_API int64_t kbit_packed_words(int64_t n, int k) {
     if (n < 0 || k < 2 || k > 5) return -1;
-    return kbit::blocks_of(n) * k;
+    return kbit::blocks_of(n, kbit::kBlock) * k;
 }
 
 KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format) {
     int f = static_cast<int>(absmax_format);
     if (n < 0 || f < KBIT_ABSMAX_FP32 || f > KBIT_ABSMAX_E4M4) return -1;
-    return kbit::blocks_of(n) * static_cast<int64_t>(kbit::absmax_align(absmax_format));
+    return kbit::blocks_of(n, kbit::kBlock) * static_cast<int64_t>(kbit::absmax_align(absmax_format));
 }
 
 KBIT_API float kbit_e4m4_decode(uint8_t code) { return kbit::e4m4_decode(code); }

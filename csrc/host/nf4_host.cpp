@@ -152,11 +152,11 @@ KBIT_API int64_t kbit_nf4_packed_bytes(int64_t n) { return n < 0 ? -1 : n / 2 + 
 
 KBIT_API int64_t kbit_nf4_absmax_count(int64_t n, int blocksize) {
     if (n < 0 || !kbit::bnb4::valid_blocksize(blocksize)) return -1;
-    return kbit::bnb4::blocks_of(n, blocksize);
+    return kbit::blocks_of(n, blocksize);
 }
 
 KBIT_API int64_t kbit_nf4_absmax2_count(int64_t count) {
-    return count < 0 ? -1 : kbit::bnb4::blocks_of(count, kbit::bnb4::kDqBlock);
+    return count < 0 ? -1 : kbit::blocks_of(count, kbit::bnb4::kDqBlock);
 }
 
 KBIT_API kbit_status kbit_nf4_dynamic_map_host(float *code) {
