@@ -380,7 +380,7 @@ def test_exact_midpoints_and_dense_codebooks(rng, k):
         # the data holds ties going both up and down.
         packed, _ = host_quantize(x, k, "fp32", "float32", codebook=cb)
         codes = R.unpack_bitplanes(packed, k).reshape(-1)[:x.size]
-        s, idx, mids, tie = R.kbit._search_table(cb)
+        s, idx, mids, tie, _ = R.kbit._search_table(cb)
         j = np.searchsorted(mids, x)
         on_mid = (j < mids.size) & (x == mids[np.minimum(j, mids.size - 1)])
         jm = j[on_mid]

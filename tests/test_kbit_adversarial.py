@@ -371,7 +371,7 @@ def test_reference_scores_a_tie_with_the_entry_it_takes(rng):
     for _ in range(50):
         cb = rng.standard_normal(16).astype(np.float32)
         table = R.kbit._search_table(cb)
-        s, _, mids, _ = table
+        s, _, mids, _, _ = table
         v = np.concatenate([s, mids, rng.standard_normal(64).astype(np.float32)])
         codes, values = R.kbit._nearest(v, table)
         assert np.array_equal(cb[codes], values)

@@ -46,6 +46,12 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+def is_integer(v) -> bool:
+    """Whether v is a true integer (Python or numpy): 4.0 == 4 and True == 1, but neither
+    is a bit width or a block size."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def host_array(x, dtype=None) -> np.ndarray:
     """x as a numpy array the C code can read: C-contiguous, aligned and in native byte
     order (a copy only where x is not one already). dtype converts the values."""

@@ -18,6 +18,9 @@ _I64 = ctypes.c_int64
 _DTYPE_ID = {"float32": 0, "float16": 1, "bfloat16": 2}
 _FORMAT_ID = {"fp32": 0, "fp16": 1, "e4m4": 2}
 _ABSMAX_NP = {"fp32": "float32", "fp16": "float16", "e4m4": "uint8"}
+# Held by a checked GPU quantize from clearing the device's range flag (one per device,
+# shared by every thread and stream) to reading it.
+_RANGE_FLAG_LOCK = threading.Lock()
 
 # One signature table, built from the same lists as the C instances.
 for _suffix in ("", "_host"):
@@ -70,8 +73,7 @@ def default_codebook(k: int) -> np.ndarray:
 
 
 def _check_k(k):
-    # 4.0 == 4 and True == 1: only true integers are bit widths
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k not in (2, 3, 4, 5):
+    if not _arrays.is_integer(k) or k not in (2, 3, 4, 5):
         raise KbitError(f"k must be 2..5, got {k!r}")
 
 
@@ -177,8 +179,6 @@ def _quantize_device(x, dev, k, absmax, fmt, cb, tensor_scale) -> QuantizedTenso
         call("kbit_quantize", *args)
     return QuantizedTensor(packed, am, k, tuple(dev.shape), dev.dtype, absmax, ts.value, cb)
 
-
-_RANGE_FLAG_LOCK = threading.Lock()
 
 
 def dequantize(q: QuantizedTensor, dtype=None, out=None):

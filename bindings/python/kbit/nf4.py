@@ -111,9 +111,7 @@ def dynamic_map() -> np.ndarray:
 def _check_args(quant_type: str, blocksize: int):
     if quant_type not in ("nf4", "fp4"):
         raise KbitError(f"quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
-    # 64.0 == 64: only true integers are block sizes
-    if (not isinstance(blocksize, (int, np.integer)) or isinstance(blocksize, bool)
-            or blocksize not in BLOCKSIZES):
+    if not _arrays.is_integer(blocksize) or blocksize not in BLOCKSIZES:
         raise KbitError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
 
 

@@ -156,30 +156,32 @@ def unpack_bitplanes(packed: np.ndarray, k: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------
 
 def _search_table(codebook: np.ndarray):
-    """Sorted distinct entries, their lowest original index, midpoints and the code
-    an exact midpoint goes to."""
-    cb = np.asarray(codebook, dtype=np.float32)
-    order = np.lexsort((np.arange(cb.size), cb))  # by value, then by index
-    s, idx = cb[order], order
-    first = np.concatenate([[True], s[1:] != s[:-1]])
-    s, idx = s[first], idx[first]
-    t = (s[:-1] + s[1:]) * np.float32(0.5)
-    tie = np.minimum(idx[:-1], idx[1:])
-    return s, idx, t.astype(np.float32), tie
-
-
-def _nearest(v: np.ndarray, table) -> tuple[np.ndarray, np.ndarray]:
-    """Codes and codebook values of the entries nearest to v (any shape).
+    """Sorted distinct entries s, their lowest original index, midpoints, the code an
+    exact midpoint goes to, and the search thresholds.
 
     Between neighbouring entries s[j] < s[j+1] the threshold is their float32
     midpoint, or the float just below it when an exact midpoint goes up (the upper
     entry has the lower index), kept within [s[j], s[j+1]): a midpoint rounded onto an
     entry (entries an ulp or two apart) must not take a v equal to that entry away
     from it. v above thr[j] takes the upper entry."""
-    s, idx, t, tie = table
+    cb = np.asarray(codebook, dtype=np.float32)
+    order = np.lexsort((np.arange(cb.size), cb))  # by value, then by index
+    s, idx = cb[order], order
+    first = np.concatenate([[True], s[1:] != s[:-1]])
+    s, idx = s[first], idx[first]
+    t = (s[:-1] + s[1:]) * np.float32(0.5)
+    t = t.astype(np.float32)
+    tie = np.minimum(idx[:-1], idx[1:])
     below = np.float32(-np.inf)
     thr = np.where(tie == idx[1:], np.nextafter(t, below), t)
     thr = np.clip(thr, s[:-1], np.nextafter(s[1:], below)).astype(np.float32)
+    return s, idx, t, tie, thr
+
+
+def _nearest(v: np.ndarray, table) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and codebook values of the entries nearest to v (any shape), searched
+    against the table's thresholds (see _search_table)."""
+    s, idx, _, _, thr = table
     p = np.searchsorted(thr, v, side="left")  # number of thresholds < v
     return idx[p].astype(np.uint8), s[p]
 
