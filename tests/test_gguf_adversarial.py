@@ -29,7 +29,7 @@ SPECIAL_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x040
                            0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0xFC01, 0xFFFF,
                            0x7D55, 0x3C00, 0xBC00, 0x3C01, 0x5BFF, 0x7000, 0x0200, 0x1400],
                           np.uint16)
-# the NaN every kbit output type gets (csrc/common.h): the GPU's canonical NaN
+# the NaN every kbit output type gets (csrc/core/numeric.h): the GPU's canonical NaN
 CANONICAL_NAN = {"float32": 0x7FFFFFFF, "float16": 0x7FFF, "bfloat16": 0x7FFF}
 
 

@@ -407,7 +407,7 @@ def on_entry_cases():
     return cases
 
 
-@pytest.mark.xfail(strict=True, reason="C++ tie_threshold (csrc/kbit_format.h) lets a float32 "
+@pytest.mark.xfail(strict=True, reason="C++ tie_threshold (csrc/formats/kbit.h) lets a float32 "
                    "midpoint rounded onto an entry take a value equal to that entry to the "
                    "neighbouring one (entries an ulp apart); SPEC 1: the code of the nearest entry")
 def test_value_on_an_entry_takes_it_in_the_library():
@@ -497,7 +497,7 @@ def test_roundtrip_error_within_codebook_spacing(rng, k, fmt):
 
 
 # ---------------------------------------------------------------------------------
-# Known library problems (C++: csrc/kbit_format.h, shared with the GPU kernels)
+# Known library problems (C++: csrc/formats/kbit.h, shared with the GPU kernels)
 # ---------------------------------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, reason="C++ rcp_rn/inverse_scale/e4m4_inverse cap 1/d at "
@@ -518,7 +518,7 @@ def test_blocks_with_subnormal_scales_get_the_nearest_codes(fmt):
 
 
 @pytest.mark.xfail(strict=True, reason="the numpy reference mirrors the library's capped "
-                   "reciprocal bit for bit; fix it together with csrc/kbit_format.h")
+                   "reciprocal bit for bit; fix it together with csrc/formats/kbit.h")
 def test_reference_blocks_with_subnormal_scales_get_the_nearest_codes():
     x = (np.linspace(-1, 1, 32) * 1e-39).astype(np.float32)
     packed, absmax = R.quantize_kbit(x, 4, absmax_format="fp32")
@@ -527,7 +527,7 @@ def test_reference_blocks_with_subnormal_scales_get_the_nearest_codes():
     assert np.all(np.abs(x - y) <= half_gap * float(absmax[0]) + 2.0 ** -20 * np.abs(x))
 
 
-@pytest.mark.xfail(strict=True, reason="C++ tensor_scale_for (csrc/kbit_format.h): for a "
+@pytest.mark.xfail(strict=True, reason="C++ tensor_scale_for (csrc/formats/kbit.h): for a "
                    "tensor whose max |x| is FLT_MAX the chosen tensor_scale makes "
                    "decode(stored) * tensor_scale overflow to inf (fp16: 65504 * ts, E4M4: "
                    "31 * ts), so finite blocks dequantize to +-inf and the host reports "

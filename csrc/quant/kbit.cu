@@ -19,9 +19,10 @@
 
 #include <type_traits>
 
-#include "cuda_utils.cuh"
-#include "kbit_api.h"
-#include "kbit_format.h"
+#include "../core/cuda.cuh"
+#include "../core/dispatch.h"
+#include "../core/entries.h"
+#include "../formats/kbit.h"
 
 namespace kbit {
 namespace {
@@ -160,7 +161,7 @@ __device__ __forceinline__ void store_planes(const uint32_t (&c)[4], int h,
 
 // ---- nearest codebook entry on the GPU ---------------------------------------------
 //
-// The search counts the thresholds below v (kbit_format.h: the tie rule is folded into
+// The search counts the thresholds below v (formats/kbit.h: the tie rule is folded into
 // them), as on the host, with the GPU's own binning of v: 2^(K+1) steps over [-1, 1],
 // clamped. When every bin holds at most one threshold
 // (`single`: true of every built-in codebook, and of any codebook whose entries are
@@ -526,21 +527,6 @@ __device__ __forceinline__ uint32_t load_scale_bits(kbit_absmax_format fmt, cons
     return __ldg(static_cast<const uint32_t *>(absmax) + b);
 }
 
-// Code bytes of the 8 elements [8q, 8q+8) of a block from its K bit-plane words:
-// byte e of lo/hi is the code of element e / e+4.
-template <int K>
-__device__ __forceinline__ void spread_codes(const uint32_t (&w)[K], int q, uint32_t &lo,
-                                             uint32_t &hi) {
-    lo = hi = 0;
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-        const uint32_t byte = w[j] >> (8 * q);
-        // nibble * 0x204081 puts bit e at bit 8e (no carries); << j selects plane j.
-        lo |= ((byte & 0xFu) * (0x204081u << j)) & (0x01010101u << j);
-        hi |= (((byte >> 4) & 0xFu) * (0x204081u << j)) & (0x01010101u << j);
-    }
-}
-
 // The K words of block b: one 8- or 16-byte load where K and the alignment of
 // `packed` allow (`vec`), else K loads.
 template <int K>
@@ -655,7 +641,7 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
 }
 
 template <class T, int K>
-kbit_status quantize_entry(const void *input, int64_t n, const float *codebook,
+kbit_status quantize_kbit(const void *input, int64_t n, const float *codebook,
                            kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed,
                            kbit_stream_t stream) {
     KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
@@ -669,7 +655,7 @@ kbit_status quantize_entry(const void *input, int64_t n, const float *codebook,
 }
 
 template <class T, int K>
-kbit_status dequantize_entry(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt,
+kbit_status dequantize_kbit(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt,
                              float ts, const float *codebook, int64_t n, void *output,
                              kbit_stream_t stream) {
     KBIT_TRY(check_dequantize(packed, absmax, fmt, ts, codebook, n, output,
@@ -705,111 +691,77 @@ cudaError_t launch_absmax(const void *in, int64_t n, unsigned int *result, cudaS
     return launch_error();
 }
 
+// The generic entries: the run-time switch to the per-type instances.
+kbit_status quantize_kbit_any(const void *input, int64_t n, kbit_dtype dtype, int k,
+                              const float *codebook, kbit_absmax_format fmt, float ts,
+                              void *absmax, uint32_t *packed, kbit_stream_t stream) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return quantize_kbit<decltype(tag), kc.value>(input, n, codebook, fmt, ts, absmax,
+                                                          packed, stream);
+        });
+    });
+}
+
+kbit_status dequantize_kbit_any(const uint32_t *packed, const void *absmax,
+                                kbit_absmax_format fmt, float ts, const float *codebook, int k,
+                                int64_t n, kbit_dtype dtype, void *output, kbit_stream_t stream) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return dequantize_kbit<decltype(tag), kc.value>(packed, absmax, fmt, ts, codebook, n,
+                                                            output, stream);
+        });
+    });
+}
+
+kbit_status get_range_flag(int *raised, int clear) {
+    KBIT_TRY(check_ptr(raised, "raised", alignof(int)));
+    unsigned int flag = 0;
+    // Every stream's quantize kernels must have finished, non-blocking ones too.
+    KBIT_TRY(cuda_status(cudaDeviceSynchronize(), "synchronising the device"));
+    KBIT_TRY(cuda_status(cudaMemcpyFromSymbol(&flag, g_range_flag, sizeof flag),
+                         "reading the range flag"));
+    if (clear) {
+        const unsigned int zero = 0;
+        KBIT_TRY(cuda_status(cudaMemcpyToSymbol(g_range_flag, &zero, sizeof zero),
+                             "clearing the range flag"));
+    }
+    *raised = flag ? 1 : 0;
+    return KBIT_SUCCESS;
+}
+
+kbit_status compute_tensor_scale(const void *input, int64_t n, kbit_dtype dtype,
+                                 kbit_absmax_format fmt, float *tensor_scale,
+                                 kbit_stream_t stream) {
+    KBIT_TRY(check_common(n, dtype_size(dtype), fmt, 1.0f));
+    if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
+    KBIT_TRY(check_ptr(tensor_scale, "tensor_scale", 4));
+    if (n == 0) {
+        *tensor_scale = 1.0f;
+        return KBIT_SUCCESS;
+    }
+    KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
+    unsigned int *result = nullptr;
+    KBIT_TRY(cuda_status(cudaMallocAsync(&result, sizeof *result, stream), "cudaMallocAsync"));
+    cudaError_t err = cudaMemsetAsync(result, 0, sizeof *result, stream);
+    if (err == cudaSuccess) {
+        with_dtype(dtype, [&](auto tag) {
+            err = launch_absmax<decltype(tag)>(input, n, result, stream);
+            return KBIT_SUCCESS;
+        });
+    }
+    unsigned int bits = 0;
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(&bits, result, sizeof bits, cudaMemcpyDeviceToHost, stream);
+    const cudaError_t free_err = cudaFreeAsync(result, stream);
+    if (err == cudaSuccess) err = free_err;
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    KBIT_TRY(cuda_status(err, "kbit_compute_tensor_scale"));
+    *tensor_scale = tensor_scale_for(f32_from_bits(bits), fmt);
+    return KBIT_SUCCESS;
+}
+
 }  // namespace
 }  // namespace kbit
 
-extern "C" {
-
-#define KBIT_GPU_ENTRIES(TAG, NAME, K)                                                       \
-    KBIT_API kbit_status cquantize_kbit_##NAME##_k##K(                                       \
-        const void *input, int64_t n, const float *codebook, kbit_absmax_format absmax_format, \
-        float tensor_scale, void *absmax, uint32_t *packed, kbit_stream_t stream) {          \
-        return kbit::guarded([&] {                                                           \
-            return kbit::quantize_entry<TAG, K>(input, n, codebook, absmax_format,           \
-                                                tensor_scale, absmax, packed, stream);       \
-        });                                                                                  \
-    }                                                                                        \
-    KBIT_API kbit_status cdequantize_kbit_##NAME##_k##K(                                     \
-        const uint32_t *packed, const void *absmax, kbit_absmax_format absmax_format,        \
-        float tensor_scale, const float *codebook, int64_t n, void *output,                  \
-        kbit_stream_t stream) {                                                              \
-        return kbit::guarded([&] {                                                           \
-            return kbit::dequantize_entry<TAG, K>(packed, absmax, absmax_format,             \
-                                                  tensor_scale, codebook, n, output, stream); \
-        });                                                                                  \
-    }
-KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_GPU_ENTRIES)
-#undef KBIT_GPU_ENTRIES
-
-#define KBIT_GPU_CASE(TAG, NAME, K)                                                          \
-    if (dtype == TAG::dtype && k == K) return kbit::quantize_entry<TAG, K>(                  \
-        input, n, codebook, absmax_format, tensor_scale, absmax, packed, stream);
-KBIT_API kbit_status kbit_quantize(const void *input, int64_t n, kbit_dtype dtype, int k,
-                                   const float *codebook, kbit_absmax_format absmax_format,
-                                   float tensor_scale, void *absmax, uint32_t *packed,
-                                   kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_dtype_k(dtype, k));
-        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_GPU_CASE)
-        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
-    });
-}
-#undef KBIT_GPU_CASE
-
-#define KBIT_GPU_CASE(TAG, NAME, K)                                                          \
-    if (dtype == TAG::dtype && k == K) return kbit::dequantize_entry<TAG, K>(                \
-        packed, absmax, absmax_format, tensor_scale, codebook, n, output, stream);
-KBIT_API kbit_status kbit_dequantize(const uint32_t *packed, const void *absmax,
-                                     kbit_absmax_format absmax_format, float tensor_scale,
-                                     const float *codebook, int k, int64_t n, kbit_dtype dtype,
-                                     void *output, kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_dtype_k(dtype, k));
-        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_GPU_CASE)
-        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
-    });
-}
-#undef KBIT_GPU_CASE
-
-KBIT_API kbit_status kbit_get_range_flag(int *raised, int clear) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_ptr(raised, "raised", alignof(int)));
-        unsigned int flag = 0;
-        // Every stream's quantize kernels must have finished, non-blocking ones too.
-        KBIT_TRY(kbit::cuda_status(cudaDeviceSynchronize(), "synchronising the device"));
-        KBIT_TRY(kbit::cuda_status(cudaMemcpyFromSymbol(&flag, kbit::g_range_flag, sizeof flag),
-                                   "reading the range flag"));
-        if (clear) {
-            const unsigned int zero = 0;
-            KBIT_TRY(kbit::cuda_status(cudaMemcpyToSymbol(kbit::g_range_flag, &zero, sizeof zero),
-                                       "clearing the range flag"));
-        }
-        *raised = flag ? 1 : 0;
-        return KBIT_SUCCESS;
-    });
-}
-
-KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n, kbit_dtype dtype,
-                                               kbit_absmax_format absmax_format,
-                                               float *tensor_scale, kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_common(n, kbit::dtype_size(dtype), absmax_format, 1.0f));
-        if (!kbit::valid_dtype(dtype))
-            return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
-        KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));
-        if (n == 0) {
-            *tensor_scale = 1.0f;
-            return KBIT_SUCCESS;
-        }
-        KBIT_TRY(kbit::check_ptr(input, "input", kbit::dtype_size(dtype)));
-        unsigned int *result = nullptr;
-        KBIT_TRY(kbit::cuda_status(cudaMallocAsync(&result, sizeof *result, stream), "cudaMallocAsync"));
-        cudaError_t err = cudaMemsetAsync(result, 0, sizeof *result, stream);
-        if (err == cudaSuccess) {
-            err = kbit::with_dtype(dtype, [&](auto tag) {
-                return kbit::launch_absmax<decltype(tag)>(input, n, result, stream);
-            });
-        }
-        unsigned int bits = 0;
-        if (err == cudaSuccess)
-            err = cudaMemcpyAsync(&bits, result, sizeof bits, cudaMemcpyDeviceToHost, stream);
-        cudaError_t free_err = cudaFreeAsync(result, stream);
-        if (err == cudaSuccess) err = free_err;
-        if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-        KBIT_TRY(kbit::cuda_status(err, "kbit_compute_tensor_scale"));
-        *tensor_scale = kbit::tensor_scale_for(kbit::f32_from_bits(bits), absmax_format);
-        return KBIT_SUCCESS;
-    });
-}
-
-}  // extern "C"
+KBIT_KBIT_ENTRIES(KBIT_DEFINE_ENTRY, KBIT_SKIP_ENTRY)

@@ -5,7 +5,8 @@
 
 #include <atomic>
 
-#include "common.h"
+#include "numeric.h"
+#include "status.h"
 
 namespace kbit {
 

@@ -1,12 +1,14 @@
 // CPU implementation of the kbit format: the same packed words and scales as the GPU
-// kernels in csrc/kbit.cu, block by block, using the shared arithmetic of kbit_format.h.
+// kernels in csrc/quant/kbit.cu, block by block, using the shared arithmetic of
+// csrc/formats/kbit.h.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <vector>
 
-#include "../kbit_api.h"
-#include "../kbit_format.h"
+#include "../core/dispatch.h"
+#include "../core/entries.h"
+#include "../formats/kbit.h"
 #include "parallel.h"
 
 namespace kbit {
@@ -116,7 +118,7 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
 }
 
 template <class T, int K>
-kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
+kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebook,
                           kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed) {
     KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
                             packed));
@@ -159,7 +161,7 @@ kbit_status quantize_host(const void *input, int64_t n, const float *codebook,
 }
 
 template <class T, int K>
-kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt,
+kbit_status dequantize_kbit_host(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt,
                             float ts, const float *codebook, int64_t n, void *output) {
     KBIT_TRY(check_dequantize(packed, absmax, fmt, ts, codebook, n, output,
                               sizeof(typename T::storage)));
@@ -171,69 +173,67 @@ kbit_status dequantize_host(const uint32_t *packed, const void *absmax, kbit_abs
             const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
             const uint32_t *w = packed + b * K;
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
-            for (int i = 0; i < valid; ++i) {
-                uint32_t code = 0;
-                for (int j = 0; j < K; ++j) code |= ((w[j] >> i) & 1u) << j;
-                out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[code], d));
-            }
+            for (int i = 0; i < valid; ++i)
+                out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[element_code(w, K, i)], d));
         }
     });
+    return KBIT_SUCCESS;
+}
+
+kbit_status quantize_kbit_any_host(const void *input, int64_t n, kbit_dtype dtype, int k,
+                                   const float *codebook, kbit_absmax_format fmt, float ts,
+                                   void *absmax, uint32_t *packed) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return quantize_kbit_host<decltype(tag), kc.value>(input, n, codebook, fmt, ts,
+                                                               absmax, packed);
+        });
+    });
+}
+
+kbit_status dequantize_kbit_any_host(const uint32_t *packed, const void *absmax,
+                                     kbit_absmax_format fmt, float ts, const float *codebook,
+                                     int k, int64_t n, kbit_dtype dtype, void *output) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return dequantize_kbit_host<decltype(tag), kc.value>(packed, absmax, fmt, ts,
+                                                                 codebook, n, output);
+        });
+    });
+}
+
+kbit_status default_codebook_host(int k, float *codebook) {
+    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
+    KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    std::copy(kNormalFloat[k], kNormalFloat[k] + (1 << k), codebook);
+    return KBIT_SUCCESS;
+}
+
+kbit_status compute_tensor_scale_host(const void *input, int64_t n, kbit_dtype dtype,
+                                      kbit_absmax_format fmt, float *tensor_scale) {
+    KBIT_TRY(check_common(n, dtype_size(dtype), fmt, 1.0f));
+    if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
+    KBIT_TRY(check_ptr(tensor_scale, "tensor_scale", 4));
+    if (n > 0) KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
+    uint32_t amax = 0;
+    with_dtype(dtype, [&](auto tag) {
+        const auto *in = static_cast<const typename decltype(tag)::storage *>(input);
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t a = abs_bits(load_f32(tag, in[i]));
+            if (bits_finite(a)) amax = std::max(amax, a);
+        }
+        return KBIT_SUCCESS;
+    });
+    *tensor_scale = tensor_scale_for(f32_from_bits(amax), fmt);
     return KBIT_SUCCESS;
 }
 
 }  // namespace
 }  // namespace kbit
 
+KBIT_KBIT_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
+
 extern "C" {
-
-#define KBIT_HOST_ENTRIES(TAG, NAME, K)                                                      \
-    KBIT_API kbit_status cquantize_kbit_##NAME##_k##K##_host(                                \
-        const void *input, int64_t n, const float *codebook, kbit_absmax_format absmax_format, \
-        float tensor_scale, void *absmax, uint32_t *packed) {                                \
-        return kbit::guarded([&] {                                                           \
-            return kbit::quantize_host<TAG, K>(input, n, codebook, absmax_format,            \
-                                               tensor_scale, absmax, packed);                \
-        });                                                                                  \
-    }                                                                                        \
-    KBIT_API kbit_status cdequantize_kbit_##NAME##_k##K##_host(                              \
-        const uint32_t *packed, const void *absmax, kbit_absmax_format absmax_format,        \
-        float tensor_scale, const float *codebook, int64_t n, void *output) {                \
-        return kbit::guarded([&] {                                                           \
-            return kbit::dequantize_host<TAG, K>(packed, absmax, absmax_format, tensor_scale, \
-                                                 codebook, n, output);                       \
-        });                                                                                  \
-    }
-KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_ENTRIES)
-#undef KBIT_HOST_ENTRIES
-
-#define KBIT_HOST_CASE(TAG, NAME, K)                                                         \
-    if (dtype == TAG::dtype && k == K) return kbit::quantize_host<TAG, K>(                   \
-        input, n, codebook, absmax_format, tensor_scale, absmax, packed);
-KBIT_API kbit_status kbit_quantize_host(const void *input, int64_t n, kbit_dtype dtype, int k,
-                                        const float *codebook, kbit_absmax_format absmax_format,
-                                        float tensor_scale, void *absmax, uint32_t *packed) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_dtype_k(dtype, k));
-        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_CASE)
-        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
-    });
-}
-#undef KBIT_HOST_CASE
-
-#define KBIT_HOST_CASE(TAG, NAME, K)                                                         \
-    if (dtype == TAG::dtype && k == K) return kbit::dequantize_host<TAG, K>(                 \
-        packed, absmax, absmax_format, tensor_scale, codebook, n, output);
-KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *absmax,
-                                          kbit_absmax_format absmax_format, float tensor_scale,
-                                          const float *codebook, int k, int64_t n,
-                                          kbit_dtype dtype, void *output) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_dtype_k(dtype, k));
-        KBIT_FOR_EACH_KBIT_INSTANCE(KBIT_HOST_CASE)
-        return kbit::fail(KBIT_ERROR_INTERNAL, "no instance for dtype %d, k %d", dtype, k);
-    });
-}
-#undef KBIT_HOST_CASE
 
 KBIT_API int64_t kbit_packed_words(int64_t n, int k) {
     if (n < 0 || k < 2 || k > 5) return -1;
@@ -247,37 +247,5 @@ KBIT_API int64_t kbit_absmax_bytes(int64_t n, kbit_absmax_format absmax_format) 
 }
 
 KBIT_API float kbit_e4m4_decode(uint8_t code) { return kbit::e4m4_decode(code); }
-
-KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook) {
-    return kbit::guarded([&] {
-        if (k < 2 || k > 5) return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
-        KBIT_TRY(kbit::check_ptr(codebook, "codebook", 4));
-        std::copy(kbit::kNormalFloat[k], kbit::kNormalFloat[k] + (1 << k), codebook);
-        return KBIT_SUCCESS;
-    });
-}
-
-KBIT_API kbit_status kbit_compute_tensor_scale_host(const void *input, int64_t n, kbit_dtype dtype,
-                                                    kbit_absmax_format absmax_format,
-                                                    float *tensor_scale) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_common(n, kbit::dtype_size(dtype), absmax_format, 1.0f));
-        if (!kbit::valid_dtype(dtype))
-            return kbit::fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
-        KBIT_TRY(kbit::check_ptr(tensor_scale, "tensor_scale", 4));
-        if (n > 0) KBIT_TRY(kbit::check_ptr(input, "input", kbit::dtype_size(dtype)));
-        const uint32_t amax = kbit::with_dtype(dtype, [&](auto tag) {
-            const auto *in = static_cast<const typename decltype(tag)::storage *>(input);
-            uint32_t m = 0;
-            for (int64_t i = 0; i < n; ++i) {
-                const uint32_t a = kbit::abs_bits(kbit::load_f32(tag, in[i]));
-                if (kbit::bits_finite(a)) m = std::max(m, a);
-            }
-            return m;
-        });
-        *tensor_scale = kbit::tensor_scale_for(kbit::f32_from_bits(amax), absmax_format);
-        return KBIT_SUCCESS;
-    });
-}
 
 }  // extern "C"

@@ -1,6 +1,6 @@
 // GGUF (ggml) block formats Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: the block layouts and the
-// per-group dequantization math, shared by the CPU (csrc/host/gguf_host.cpp) and the
-// GPU (csrc/gguf.cu) so that both give the same bits.
+// per-group decoders, shared by every operation on them (csrc/quant/gguf.cu,
+// csrc/matmul/, csrc/host/) so that all give the same bits.
 //
 // Work is split into groups of G consecutive outputs (G = 8 for 16-bit outputs and 4
 // for fp32 on the GPU: one 16-byte store). A format's `group()` decodes one group of a
@@ -13,7 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.h"
+#include "../core/numeric.h"
+#include "../core/status.h"
 
 #if defined(__CUDACC__)
 #  include <cuda_bf16.h>
@@ -231,15 +232,6 @@ struct HostLoader {
 }  // namespace gguf
 }  // namespace kbit
 
-// (format struct, C name) for every supported GGUF type: feeds the exported symbols and
-// the runtime switches of gguf.cu, gguf_host.cpp and gguf_nogpu.cpp.
-#define KBIT_GGUF_FOR_EACH_FORMAT(X, ...)        \
-    X(kbit::gguf::Q4_0, q4_0, __VA_ARGS__)       \
-    X(kbit::gguf::Q8_0, q8_0, __VA_ARGS__)       \
-    X(kbit::gguf::Q4_K, q4_K, __VA_ARGS__)       \
-    X(kbit::gguf::Q5_K, q5_K, __VA_ARGS__)       \
-    X(kbit::gguf::Q6_K, q6_K, __VA_ARGS__)
-
 namespace kbit {
 namespace gguf {
 
@@ -263,30 +255,15 @@ inline kbit_status bad_type(int ggml_type) {
                 ggml_type);
 }
 
-inline kbit_status bad_dtype(int dtype) {
-    return fail(KBIT_ERROR_INVALID_ARGUMENT, "dtype %d is not a kbit_dtype", dtype);
-}
-
-// The runtime switch of the generic entries: calls f(Fmt{}, Tag{}) for the format with
-// ggml id `ggml_type` and the output type `dtype`.
-template <class Fmt, class F>
-inline kbit_status dispatch_dtype(int dtype, F &f) {
-    switch (dtype) {
-#define KBIT_GGUF_DTYPE_CASE_(TAG, tname) \
-    case TAG::dtype: return f(Fmt{}, TAG{});
-        KBIT_FOR_EACH_TYPE(KBIT_GGUF_DTYPE_CASE_)
-#undef KBIT_GGUF_DTYPE_CASE_
-        default: return bad_dtype(dtype);
-    }
-}
-
+// The runtime switch from a ggml type id: calls f(Fmt{}) (f returns kbit_status).
 template <class F>
-inline kbit_status dispatch(int ggml_type, int dtype, F &&f) {
+inline kbit_status with_type(int ggml_type, F &&f) {
     switch (ggml_type) {
-#define KBIT_GGUF_TYPE_CASE_(FMT, qname, unused) \
-    case FMT::kTypeId: return dispatch_dtype<FMT>(dtype, f);
-        KBIT_GGUF_FOR_EACH_FORMAT(KBIT_GGUF_TYPE_CASE_, _)
-#undef KBIT_GGUF_TYPE_CASE_
+        case kQ4_0: return f(Q4_0{});
+        case kQ8_0: return f(Q8_0{});
+        case kQ4_K: return f(Q4_K{});
+        case kQ5_K: return f(Q5_K{});
+        case kQ6_K: return f(Q6_K{});
         default: return bad_type(ggml_type);
     }
 }

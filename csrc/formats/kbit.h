@@ -1,13 +1,15 @@
-// The kbit format's arithmetic, shared by the GPU kernels (csrc/kbit.cu) and the CPU
-// implementation (csrc/host/kbit_host.cpp). Every function here gives the same bits on
-// both sides: float operations are written with explicit rounding (no contraction into
-// FMA), so the CPU and the GPU produce identical packed codes and scales.
+// The kbit format (SPEC section 1): its layout, scale formats, arithmetic, decoder and
+// argument checks, shared by every operation on it (csrc/quant/kbit.cu, csrc/matmul/,
+// csrc/host/). Every function here gives the same bits on the CPU and the GPU: float
+// operations are written with explicit rounding (no contraction into FMA), so both sides
+// produce identical packed codes and scales.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "common.h"
+#include "../core/numeric.h"
+#include "../core/status.h"
 #include "kbit_codebooks.h"
 
 namespace kbit {
@@ -210,6 +212,75 @@ KBIT_HD float stored_inverse(bool e4m4, bool finite, bool over, float dec, float
 KBIT_HD float add_error(float acc, float v, float value) {
     const float r = sub_rn(v, value);
     return add_rn(acc, mul_rn(r, r));
+}
+
+// ---- decoding ----------------------------------------------------------------------------
+
+// Code bytes of the 8 elements [8q, 8q+8) of a block from its K bit-plane words w:
+// byte e of lo / hi is the code of element 8q + e / 8q + 4 + e.
+template <int K>
+KBIT_HD void spread_codes(const uint32_t (&w)[K], int q, uint32_t &lo, uint32_t &hi) {
+    lo = hi = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < K; ++j) {
+        const uint32_t byte = w[j] >> (8 * q);
+        // nibble * 0x204081 puts bit e at bit 8e (no carries); << j selects plane j.
+        lo |= ((byte & 0xFu) * (0x204081u << j)) & (0x01010101u << j);
+        hi |= (((byte >> 4) & 0xFu) * (0x204081u << j)) & (0x01010101u << j);
+    }
+}
+
+// The code of element i of a block from its K bit-plane words.
+KBIT_HD uint32_t element_code(const uint32_t *w, int k, int i) {
+    uint32_t c = 0;
+    for (int j = 0; j < k; ++j) c |= ((w[j] >> i) & 1u) << j;
+    return c;
+}
+
+// ---- argument checks ---------------------------------------------------------------------
+
+inline size_t absmax_align(kbit_absmax_format f) {
+    return f == KBIT_ABSMAX_FP32 ? 4 : (f == KBIT_ABSMAX_FP16 ? 2 : 1);
+}
+
+// elem: bytes per element of the input (quantize) or output (dequantize).
+inline kbit_status check_common(int64_t n, size_t elem, kbit_absmax_format fmt,
+                                float tensor_scale) {
+    KBIT_TRY(check_n(n, elem));
+    if (static_cast<int>(fmt) < KBIT_ABSMAX_FP32 || static_cast<int>(fmt) > KBIT_ABSMAX_E4M4)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown absmax format %d", static_cast<int>(fmt));
+    if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "tensor_scale must be finite and > 0, got %g",
+                    static_cast<double>(tensor_scale));
+    return KBIT_SUCCESS;
+}
+
+// Checks a quantize call; KBIT_SUCCESS with *noop set when n == 0.
+inline kbit_status check_quantize(const void *input, int64_t n, size_t elem,
+                                  const float *codebook, kbit_absmax_format fmt,
+                                  float tensor_scale, const void *absmax, const uint32_t *packed) {
+    KBIT_TRY(check_common(n, elem, fmt, tensor_scale));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(input, "input", elem));
+    if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));
+    KBIT_TRY(check_ptr(packed, "packed", 4));
+    return KBIT_SUCCESS;
+}
+
+inline kbit_status check_dequantize(const uint32_t *packed, const void *absmax,
+                                    kbit_absmax_format fmt, float tensor_scale,
+                                    const float *codebook, int64_t n, const void *output,
+                                    size_t elem) {
+    KBIT_TRY(check_common(n, elem, fmt, tensor_scale));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(packed, "packed", 4));
+    KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));
+    if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    KBIT_TRY(check_ptr(output, "output", elem));
+    return KBIT_SUCCESS;
 }
 
 }  // namespace kbit

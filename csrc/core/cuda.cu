@@ -1,7 +1,7 @@
 // Device information shared by the launchers, and the GPU-side library queries.
 #include <atomic>
 
-#include "cuda_utils.cuh"
+#include "cuda.cuh"
 
 namespace kbit {
 

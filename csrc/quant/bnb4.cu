@@ -1,5 +1,5 @@
 // NF4 / FP4 (bitsandbytes-compatible 4-bit) on the GPU: kernels, launchers and the
-// exported entries. The arithmetic and the byte layout are in nf4.h.
+// exported entries. The arithmetic and the byte layout are in formats/bnb4.h.
 //
 // Both directions work on chunks of 16 bytes of unpacked data (8 fp16/bf16 or 4 fp32
 // elements, E/2 packed bytes), lane l of a warp on chunk l of 32 consecutive ones, so
@@ -21,8 +21,9 @@
 
 #include <cub/block/block_reduce.cuh>
 
-#include "cuda_utils.cuh"
-#include "nf4.h"
+#include "../core/cuda.cuh"
+#include "../core/entries.h"
+#include "../formats/bnb4.h"
 
 namespace kbit {
 namespace bnb4 {
@@ -47,7 +48,7 @@ static_assert(kQuantTile == kMaxBlock, "a quantizer tile holds whole blocks");
 static_assert(kQuantTile == 1 << kQuantTileLog2, "kQuantTileLog2");
 static_assert(kDqBlock == kThreads, "one CTA per 256-block of absmax values");
 
-// bitsandbytes' reciprocal deviations (nf4.h).
+// bitsandbytes' reciprocal deviations (csrc/formats/bnb4.h).
 __constant__ uint32_t c_rcp_plus[32] = KBIT_BNB_RCP_PLUS;
 __constant__ uint32_t c_rcp_minus[32] = KBIT_BNB_RCP_MINUS;
 
@@ -190,7 +191,7 @@ __device__ __forceinline__ void store_packed(uint8_t *__restrict__ packed, int64
 // thresholds are more than 1/16 apart, so a bucket holds at most one of them, and
 //   code = base[bucket] + (v > thr[bucket])
 // with base = the number of thresholds in lower buckets is exactly the number of
-// thresholds below v: the same code as nf4.h's encode() (the host's), for every v.
+// thresholds below v: the same code as formats/bnb4.h's encode() (the host's), for every v.
 //
 // Every step is one instruction: the bucket comes as kRoundMagicBits + bucket in the bits
 // of fma(s, 64, kRoundMagic), which one LEA turns into the entry's address in a table
@@ -315,7 +316,7 @@ __device__ __forceinline__ uint32_t encode_chunk(uint32_t tab_at, const uint4 &q
     return E == 8 ? w : w >> 16;
 }
 
-// bnb_rcp (nf4.h) with its two 1024-bit maps copied to shared memory: reads from the
+// bnb_rcp (csrc/formats/bnb4.h) with its two 1024-bit maps copied to shared memory: reads from the
 // constant bank serialise when the lanes of a warp hold different scales. Each map is 32
 // words, one per bank, so lanes that read different words never share a bank and the
 // lanes that read the same word get it broadcast: one wavefront per load.
@@ -772,99 +773,71 @@ cudaError_t launch_absmax_mean(const float *absmax, int64_t count, float *mean,
     return launch_error();
 }
 
+// ---- entries ------------------------------------------------------------------------------
+
+template <class Fmt, class T>
+kbit_status quantize(const void *input, int64_t n, int blocksize, float *absmax,
+                     uint8_t *packed, kbit_stream_t stream) {
+    KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), blocksize, absmax, packed));
+    if (n == 0) return KBIT_SUCCESS;
+    return cuda_status(launch_quantize<T, Fmt>(input, n, blocksize, absmax, packed, stream),
+                       "NF4/FP4 quantize launch");
+}
+
+template <class Fmt, class T>
+kbit_status dequantize(const uint8_t *packed, const float *absmax, int64_t n, int blocksize,
+                       void *output, kbit_stream_t stream) {
+    KBIT_TRY(check_dequantize(packed, absmax, n, blocksize, output, sizeof(typename T::storage)));
+    if (n == 0) return KBIT_SUCCESS;
+    return cuda_status(launch_dequantize<T, Fmt>(packed, absmax, n, blocksize, output, stream),
+                       "NF4/FP4 dequantize launch");
+}
+
+template <class Fmt, class T>
+kbit_status dequantize_dq(const uint8_t *packed, const uint8_t *qabsmax, const float *absmax2,
+                          const float *code, const float *offset, int64_t n, int blocksize,
+                          void *output, kbit_stream_t stream) {
+    KBIT_TRY(check_dequantize_dq(packed, qabsmax, absmax2, code, offset, n, blocksize, output,
+                                 sizeof(typename T::storage)));
+    if (n == 0) return KBIT_SUCCESS;
+    return cuda_status(launch_dequantize_dq<T, Fmt>(packed, qabsmax, absmax2, code, offset, n,
+                                                    blocksize, output, stream),
+                       "NF4/FP4 dequantize launch");
+}
+
+kbit_status absmax_mean(const float *absmax, int64_t count, float *mean, kbit_stream_t stream) {
+    KBIT_TRY(check_n(count, sizeof(float)));
+    if (count == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    KBIT_TRY(check_ptr(mean, "mean", 4));
+    return cuda_status(launch_absmax_mean(absmax, count, mean, stream), "kbit_nf4_absmax_mean");
+}
+
+kbit_status quantize_absmax(const float *absmax, int64_t count, const float *code,
+                            const float *offset, uint8_t *qabsmax, float *absmax2,
+                            kbit_stream_t stream) {
+    KBIT_TRY(check_n(count, sizeof(float)));
+    if (count == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    KBIT_TRY(check_dq_state(qabsmax, absmax2, code, offset));
+    return cuda_status(launch_quantize_absmax(absmax, count, code, offset, qabsmax, absmax2, stream),
+                       "kbit_nf4_quantize_absmax");
+}
+
+kbit_status dequantize_absmax(const uint8_t *qabsmax, const float *absmax2, const float *code,
+                              const float *offset, int64_t count, float *absmax,
+                              kbit_stream_t stream) {
+    KBIT_TRY(check_n(count, sizeof(float)));
+    if (count == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_dq_state(qabsmax, absmax2, code, offset));
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    return cuda_status(
+        launch_dequantize_absmax(qabsmax, absmax2, code, offset, count, absmax, stream),
+        "kbit_nf4_dequantize_absmax");
+}
+
 }  // namespace
 }  // namespace bnb4
 }  // namespace kbit
 
-// ---- exported entries ---------------------------------------------------------------------
-
-extern "C" {
-
-#define KBIT_NF4_INSTANCE(FMT, FNAME, TAG, TNAME)                                               \
-    KBIT_API kbit_status cquantize_##FNAME##_##TNAME(const void *input, int64_t n,              \
-                                                     int blocksize, float *absmax,              \
-                                                     uint8_t *packed, kbit_stream_t stream) {   \
-        return kbit::guarded([&] {                                                             \
-            KBIT_TRY(kbit::bnb4::check_quantize(input, n, sizeof(TAG::storage), blocksize,     \
-                                                absmax, packed));                              \
-            if (n == 0) return KBIT_SUCCESS;                                                   \
-            return kbit::cuda_status(kbit::bnb4::launch_quantize<TAG, FMT>(                     \
-                                         input, n, blocksize, absmax, packed, stream),          \
-                                     "cquantize_" #FNAME "_" #TNAME);                          \
-        });                                                                                    \
-    }                                                                                          \
-    KBIT_API kbit_status cdequantize_##FNAME##_##TNAME(const uint8_t *packed,                   \
-                                                       const float *absmax, int64_t n,          \
-                                                       int blocksize, void *output,             \
-                                                       kbit_stream_t stream) {                  \
-        return kbit::guarded([&] {                                                             \
-            KBIT_TRY(kbit::bnb4::check_dequantize(packed, absmax, n, blocksize, output,        \
-                                                  sizeof(TAG::storage)));                      \
-            if (n == 0) return KBIT_SUCCESS;                                                   \
-            return kbit::cuda_status(kbit::bnb4::launch_dequantize<TAG, FMT>(                   \
-                                         packed, absmax, n, blocksize, output, stream),         \
-                                     "cdequantize_" #FNAME "_" #TNAME);                        \
-        });                                                                                    \
-    }                                                                                          \
-    KBIT_API kbit_status cdequantize_##FNAME##_dq_##TNAME(                                     \
-        const uint8_t *packed, const uint8_t *qabsmax, const float *absmax2,                   \
-        const float *code, const float *offset, int64_t n, int blocksize, void *output,        \
-        kbit_stream_t stream) {                                                                \
-        return kbit::guarded([&] {                                                             \
-            KBIT_TRY(kbit::bnb4::check_dequantize_dq(packed, qabsmax, absmax2, code, offset,   \
-                                                     n, blocksize, output,                     \
-                                                     sizeof(TAG::storage)));                   \
-            if (n == 0) return KBIT_SUCCESS;                                                   \
-            return kbit::cuda_status(kbit::bnb4::launch_dequantize_dq<TAG, FMT>(                \
-                                         packed, qabsmax, absmax2, code, offset, n,            \
-                                         blocksize, output, stream),                           \
-                                     "cdequantize_" #FNAME "_dq_" #TNAME);                     \
-        });                                                                                    \
-    }
-KBIT_FOR_EACH_NF4_INSTANCE
-#undef KBIT_NF4_INSTANCE
-
-KBIT_API kbit_status kbit_nf4_absmax_mean(const float *absmax, int64_t count, float *mean,
-                                          kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count, sizeof(float)));
-        if (count == 0) return KBIT_SUCCESS;
-        KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
-        KBIT_TRY(kbit::check_ptr(mean, "mean", 4));
-        return kbit::cuda_status(kbit::bnb4::launch_absmax_mean(absmax, count, mean, stream),
-                                 "kbit_nf4_absmax_mean");
-    });
-}
-
-KBIT_API kbit_status kbit_nf4_quantize_absmax(const float *absmax, int64_t count,
-                                              const float *code, const float *offset,
-                                              uint8_t *qabsmax, float *absmax2,
-                                              kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count, sizeof(float)));
-        if (count == 0) return KBIT_SUCCESS;
-        KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
-        KBIT_TRY(kbit::bnb4::check_dq_state(qabsmax, absmax2, code, offset));
-        return kbit::cuda_status(kbit::bnb4::launch_quantize_absmax(absmax, count, code, offset,
-                                                                    qabsmax, absmax2, stream),
-                                 "kbit_nf4_quantize_absmax");
-    });
-}
-
-KBIT_API kbit_status kbit_nf4_dequantize_absmax(const uint8_t *qabsmax, const float *absmax2,
-                                                const float *code, const float *offset,
-                                                int64_t count, float *absmax,
-                                                kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        KBIT_TRY(kbit::check_n(count, sizeof(float)));
-        if (count == 0) return KBIT_SUCCESS;
-        KBIT_TRY(kbit::bnb4::check_dq_state(qabsmax, absmax2, code, offset));
-        KBIT_TRY(kbit::check_ptr(absmax, "absmax", 4));
-        return kbit::cuda_status(kbit::bnb4::launch_dequantize_absmax(qabsmax, absmax2, code,
-                                                                      offset, count, absmax,
-                                                                      stream),
-                                 "kbit_nf4_dequantize_absmax");
-    });
-}
-
-}  // extern "C"
+KBIT_BNB4_ENTRIES(KBIT_DEFINE_ENTRY, KBIT_SKIP_ENTRY)

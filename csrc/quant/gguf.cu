@@ -4,12 +4,12 @@
 // One thread decodes one group of consecutive outputs (8 for fp16/bf16, 4 for fp32)
 // and writes it with one 16-byte store, so each warp store is 512 contiguous bytes and
 // a k-quant warp stays inside one 256-element block (its header is a broadcast load).
-// Elements are decoded four per 32-bit word (gguf.h). Blocks are read with the widest
+// Elements are decoded four per 32-bit word (formats/gguf.h). Blocks are read with the widest
 // loads their alignment allows: 144- and 176-byte blocks are 16-byte aligned when the
 // buffer is (GGUF data is 32-byte aligned); 210-byte blocks are tested per block;
 // 18- and 34-byte blocks use 2-byte loads.
 //
-// Each thread issues all of its loads before it uses any loaded value (gguf.h orders
+// Each thread issues all of its loads before it uses any loaded value (formats/gguf.h orders
 // the decoders so): the loads of a 210-byte block branch on its alignment, and header
 // math placed before those branches made each thread wait for two memory latencies in
 // a row. That held Q6_K to fp16/bf16 at 89% (fewer loads, 4-element groups and
@@ -18,8 +18,10 @@
 //
 // Measured on an H100 (2^28 elements, against a device-to-device copy of the same
 // bytes, bench/RESULTS.md): 95.5-98% for every type and output.
-#include "cuda_utils.cuh"
-#include "gguf.h"
+#include "../core/cuda.cuh"
+#include "../core/dispatch.h"
+#include "../core/entries.h"
+#include "../formats/gguf.h"
 
 namespace kbit {
 namespace gguf {
@@ -77,7 +79,7 @@ __device__ __forceinline__ void load_words_2mod4(const uint8_t *q, uint32_t (&w)
 }
 
 // Reads a block whose start is InAlign-byte aligned (see the loader interface in
-// gguf.h). InAlign = 0: alignment known only at run time (210-byte blocks, or a buffer
+// formats/gguf.h). InAlign = 0: alignment known only at run time (210-byte blocks, or a buffer
 // that is not 16-byte aligned); the loader then tests each address and takes the
 // widest load it allows. A warp reads within one k-quant block, so the test goes the
 // same way for the whole warp.
@@ -192,37 +194,23 @@ static cudaError_t launch_dequantize(const void *blocks, int64_t n, void *output
 }
 
 template <class Fmt, class T>
-static kbit_status dequantize_entry(const void *blocks, int64_t n, void *output,
-                                    kbit_stream_t stream) {
+static kbit_status dequantize(const void *blocks, int64_t n, void *output, kbit_stream_t stream) {
     KBIT_TRY((check_args<Fmt, T>(blocks, n, output)));
     if (n == 0) return KBIT_SUCCESS;
     return cuda_status(launch_dequantize<Fmt, T>(blocks, n, output, stream),
                        "GGUF dequantize launch");
 }
 
-}  // namespace gguf
-}  // namespace kbit
-
-#define KBIT_GGUF_ENTRY(FMT, qname, TAG, tname)                                          \
-    extern "C" KBIT_API kbit_status cdequantize_##qname##_##tname(                       \
-        const void *blocks, int64_t n, void *output, kbit_stream_t stream) {             \
-        return kbit::guarded([&] {                                                       \
-            return kbit::gguf::dequantize_entry<FMT, TAG>(blocks, n, output, stream);    \
-        });                                                                              \
-    }
-#define KBIT_GGUF_ENTRIES_FOR_TYPE(TAG, tname) \
-    KBIT_GGUF_FOR_EACH_FORMAT(KBIT_GGUF_ENTRY, TAG, tname)
-KBIT_FOR_EACH_TYPE(KBIT_GGUF_ENTRIES_FOR_TYPE)
-#undef KBIT_GGUF_ENTRIES_FOR_TYPE
-#undef KBIT_GGUF_ENTRY
-
-extern "C" KBIT_API kbit_status kbit_gguf_dequantize(int ggml_type, const void *blocks,
-                                                     int64_t n, kbit_dtype dtype,
-                                                     void *output, kbit_stream_t stream) {
-    return kbit::guarded([&] {
-        return kbit::gguf::dispatch(ggml_type, dtype, [&](auto fmt, auto tag) {
-            return kbit::gguf::dequantize_entry<decltype(fmt), decltype(tag)>(
-                blocks, n, output, stream);
+static kbit_status dequantize_any(int ggml_type, const void *blocks, int64_t n, kbit_dtype dtype,
+                                  void *output, kbit_stream_t stream) {
+    return with_type(ggml_type, [&](auto fmt) {
+        return with_dtype(dtype, [&](auto tag) {
+            return dequantize<decltype(fmt), decltype(tag)>(blocks, n, output, stream);
         });
     });
 }
+
+}  // namespace gguf
+}  // namespace kbit
+
+KBIT_GGUF_ENTRIES(KBIT_DEFINE_ENTRY, KBIT_SKIP_ENTRY)

@@ -1,5 +1,5 @@
 // Errors, status names and library information: the parts of the ABI that need no GPU.
-#include "../common.h"
+#include "status.h"
 
 #include <cstdarg>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // NF4 / FP4, the bitsandbytes-compatible 4-bit formats (SPEC section 2): the tables, the
-// per-element arithmetic shared by the GPU kernels (csrc/nf4.cu) and the CPU
-// implementation (csrc/host/nf4_host.cpp), the argument checks and the instance list.
+// per-element arithmetic and decoder shared by every operation on them (csrc/quant/bnb4.cu,
+// csrc/matmul/, csrc/host/), and the argument checks.
 //
 // The bytes are those of bitsandbytes' CUDA quantize_4bit / dequantize_4bit:
 //  - absmax[b] = max |x| over block b in float32 (NaN ignored, subnormals count as 0;
@@ -21,19 +21,13 @@
 // and its f16/bf16 conversions give 0x7FFF, so the host canonicalises its NaNs to those.
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <vector>
 
-#include "common.h"
-
-// (format tag, format name, type tag, type name) for every exported NF4/FP4 instance.
-// A user defines KBIT_NF4_INSTANCE(FMT, FNAME, TAG, TNAME) and expands
-// KBIT_FOR_EACH_NF4_INSTANCE.
-#define KBIT_NF4_OF_TYPE_NF4(TAG, TNAME) KBIT_NF4_INSTANCE(kbit::bnb4::Nf4, nf4, TAG, TNAME)
-#define KBIT_NF4_OF_TYPE_FP4(TAG, TNAME) KBIT_NF4_INSTANCE(kbit::bnb4::Fp4, fp4, TAG, TNAME)
-#define KBIT_FOR_EACH_NF4_INSTANCE         \
-    KBIT_FOR_EACH_TYPE(KBIT_NF4_OF_TYPE_NF4) \
-    KBIT_FOR_EACH_TYPE(KBIT_NF4_OF_TYPE_FP4)
+#include "../core/numeric.h"
+#include "../core/status.h"
 
 namespace kbit {
 namespace bnb4 {
@@ -225,6 +219,12 @@ KBIT_HD int encode_dynamic(const float *code, float v) {
 // which gives the GPU's f16/bf16/fp32 bits for any value, NaN included.
 KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
 
+// The 4-bit code of element i: the high nibble of byte i/2 for even i, the low for odd.
+KBIT_HD int element_code(const uint8_t *packed, int64_t i) {
+    const uint32_t byte = packed[i >> 1];
+    return static_cast<int>((i & 1) ? (byte & 15u) : (byte >> 4));
+}
+
 // ---- sizes and argument checks ----------------------------------------------------------
 
 inline bool valid_blocksize(int bs) {
@@ -289,9 +289,47 @@ inline kbit_status check_dequantize_dq(const uint8_t *packed, const uint8_t *qab
     return KBIT_SUCCESS;
 }
 
-// The built-in signed dynamic map (bitsandbytes' create_dynamic_map(signed=True)),
-// computed once on the host (csrc/host/nf4_host.cpp).
-const float *dynamic_map();
+// bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8),
+// with torch's float32 arithmetic (checked against torch 2.11 on an AVX-512 CPU): for
+// i = 0..6, the 2^i midpoints of linspace(0.1, 1, 2^i + 1) scaled by 10^(i-6), both
+// signs, then 0 and 1, sorted. Every float32 operation is written as an exact double
+// computation rounded once, so no compiler contraction can change a bit.
+inline std::vector<float> build_dynamic_map() {
+    const float scales[7] = {1e-6f, 1e-5f, 1e-4f, 1e-3f, 1e-2f, 1e-1f, 1e0f};
+    std::vector<float> data;
+    data.reserve(kDynamicEntries);
+    for (int i = 0; i < 7; ++i) {
+        const int steps = (1 << i) + 1;
+        const float start = 0.1f, end = 1.0f;
+        // torch.linspace (float32, as its vectorised CPU build computes it): step =
+        // (end - start) / (steps - 1); the first half is fma(step, k, start), the second
+        // half fma(-step, steps - 1 - k, end), each rounded once (exact in double here).
+        const float step = static_cast<float>(static_cast<double>(end - start) / (steps - 1));
+        std::vector<float> b(steps);
+        for (int k = 0; k < steps; ++k) {
+            const int mult = k < steps / 2 ? k : steps - 1 - k;
+            const double p = static_cast<double>(step) * mult;
+            b[k] = static_cast<float>(k < steps / 2 ? static_cast<double>(start) + p
+                                                    : static_cast<double>(end) - p);
+        }
+        for (int k = 0; k + 1 < steps; ++k) {
+            const float mean = static_cast<float>(static_cast<double>(b[k]) + b[k + 1]) / 2.0f;
+            const float v = static_cast<float>(static_cast<double>(scales[i]) * mean);
+            data.push_back(v);
+            data.push_back(-v);
+        }
+    }
+    data.push_back(0.0f);
+    data.push_back(1.0f);
+    std::sort(data.begin(), data.end());
+    return data;
+}
+
+// The built-in signed dynamic map, built once (host code).
+inline const float *dynamic_map() {
+    static const std::vector<float> map = build_dynamic_map();
+    return map.data();
+}
 
 }  // namespace bnb4
 }  // namespace kbit

@@ -1,0 +1,67 @@
+// GGUF (ggml) block dequantization on the CPU: the `_host` twins of csrc/quant/gguf.cu,
+// decoding through the same per-group math (csrc/formats/gguf.h), so the bits are
+// identical.
+#include <algorithm>
+
+#include "../core/dispatch.h"
+#include "../core/entries.h"
+#include "../formats/gguf.h"
+#include "parallel.h"
+
+namespace kbit {
+namespace gguf {
+
+constexpr int kHostGroup = 8;
+
+// Dequantizes blocks [b0, b1).
+template <class Fmt, class T>
+static void dequantize_range(const uint8_t *blocks, int64_t b0, int64_t b1,
+                             typename T::storage *out) {
+    for (int64_t b = b0; b < b1; ++b) {
+        const HostLoader ld{blocks + b * Fmt::kBytes};
+        typename T::storage *o = out + b * Fmt::kElems;
+        for (int e0 = 0; e0 < Fmt::kElems; e0 += kHostGroup) {
+            float y[kHostGroup];
+            Fmt::template group<kHostGroup>(ld, e0, y);
+            for (int i = 0; i < kHostGroup; ++i) o[e0 + i] = store_cast(T{}, y[i]);
+        }
+    }
+}
+
+template <class Fmt, class T>
+static kbit_status dequantize_host(const void *blocks, int64_t n, void *output) {
+    KBIT_TRY((check_args<Fmt, T>(blocks, n, output)));
+    if (n == 0) return KBIT_SUCCESS;
+    const auto *in = static_cast<const uint8_t *>(blocks);
+    auto *out = static_cast<typename T::storage *>(output);
+    const int64_t n_blocks = n / Fmt::kElems;
+    // Large tensors (whole-model loads on the CPU) are split over the cores.
+    const int64_t blocks_per_thread = std::max<int64_t>(1, (int64_t{1} << 21) / Fmt::kElems);
+    parallel_for(n_blocks, blocks_per_thread, [&](int64_t b0, int64_t b1) {
+        dequantize_range<Fmt, T>(in, b0, b1, out);
+    });
+    return KBIT_SUCCESS;
+}
+
+static kbit_status dequantize_any_host(int ggml_type, const void *blocks, int64_t n,
+                                       kbit_dtype dtype, void *output) {
+    return with_type(ggml_type, [&](auto fmt) {
+        return with_dtype(dtype, [&](auto tag) {
+            return dequantize_host<decltype(fmt), decltype(tag)>(blocks, n, output);
+        });
+    });
+}
+
+static kbit_status block_info(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
+    return with_type(ggml_type, [&](auto fmt) {
+        using Fmt = decltype(fmt);
+        if (block_elems) *block_elems = Fmt::kElems;
+        if (block_bytes) *block_bytes = Fmt::kBytes;
+        return KBIT_SUCCESS;
+    });
+}
+
+}  // namespace gguf
+}  // namespace kbit
+
+KBIT_GGUF_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
