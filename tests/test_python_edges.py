@@ -11,7 +11,7 @@ import pytest
 
 import kbit
 from kbit import gguf as kg
-from kbit import nf4
+from kbit import bnb4
 from kbit import reference as R
 from kbit.reference import gguf as rg
 from kbit.reference import nf4 as ref4
@@ -158,7 +158,7 @@ def test_big_endian_quantized_fields(rng):
     q4 = kbit.quantize_nf4(x, compress_statistics=True)
     big4 = dataclasses.replace(q4, absmax2=q4.absmax2.astype(">f4"),
                                offset=q4.offset.astype(">f4"),
-                               code=nf4.dynamic_map().astype(">f4"))
+                               code=bnb4.dynamic_map().astype(">f4"))
     assert same_bits(kbit.dequantize_4bit(big4), kbit.dequantize_4bit(q4))
     q4 = kbit.quantize_nf4(x)
     big4 = dataclasses.replace(q4, absmax=q4.absmax.astype(">f4"))
@@ -377,7 +377,7 @@ def test_nf4_nested_state_must_be_complete(rng):
     cases = {"absmax": dict(absmax=plain.absmax),  # the float scales, not the codes
              "absmax2": dict(absmax2=np.r_[q.absmax2, np.float32(1)]),
              "offset": dict(offset=None),
-             "code": dict(code=np.r_[nf4.dynamic_map(), np.float32(0)])}
+             "code": dict(code=np.r_[bnb4.dynamic_map(), np.float32(0)])}
     for name, change in cases.items():
         with pytest.raises(kbit.KbitError, match=name):
             kbit.dequantize_4bit(dataclasses.replace(q, **change))
@@ -392,7 +392,7 @@ def test_from_bnb_nested_state_without_state2():
     state = SimpleNamespace(absmax=q.absmax, shape=(100,), dtype="float32", blocksize=64,
                             quant_type="nf4", nested=True, offset=q.offset, state2=None)
     with pytest.raises(kbit.KbitError, match="state2"):
-        nf4.Quantized4bit.from_bnb(q.packed, state)
+        bnb4.Quantized4bit.from_bnb(q.packed, state)
 
 
 # ---------------------------------------------------------------------------------
