@@ -7,10 +7,11 @@ truth for every format.
 from ._lib import KbitError, cuda_available, version
 from .kbit import QuantizedTensor, default_codebook, dequantize, quantize
 from .bnb4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4,
-                  quantize_4bit, quantize_fp4, quantize_nf4)
+                   quantize_4bit, quantize_fp4, quantize_nf4)
 from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
+from .gguf import GGUFTensor
 
-__all__ = ["KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
+__all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
            "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
            "dequantize_nf4", "gguf", "quantize", "quantize_4bit", "quantize_fp4",
            "quantize_nf4", "version"]
