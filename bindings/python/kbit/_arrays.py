@@ -301,10 +301,6 @@ class Place:
         return f"Place(cuda:{self.device_id}, {self.framework}, stream={self.stream:#x})"
 
     # -- calls ----------------------------------------------------------------------
-    def symbol(self, name: str) -> str:
-        """The C function for this place: `name` on the device, `name_host` on the host."""
-        return name if self.on_device else name + "_host"
-
     def call(self, name: str, *args) -> None:
         """Calls `name` (its `_host` twin on the host; on the device with the stream)."""
         if self.on_device:
@@ -330,12 +326,17 @@ class Place:
                 raise KbitError(f"{self.what} is on the host but {what} is on the device")
             arr = host(arr)
             return DeviceArray(arr.ctypes.data, tuple(arr.shape), arr.dtype.name, None, arr)
+        if dev.device_id != self.device_id:
+            raise KbitError(f"{what} is on cuda:{dev.device_id} but {self.what} on "
+                            f"cuda:{self.device_id}")
         return dev
 
     def ptr(self, arr) -> int | None:
-        """The address of an array of this place (None stays None: a NULL pointer)."""
+        """The address of an array this place allocated or uploaded (None: NULL)."""
         if arr is None:
             return None
+        if not self.on_device:  # never through a conversion: its copy would not live on
+            return arr.ctypes.data
         return self.view(arr, "an array").ptr
 
     def _frameworks(self) -> list:
@@ -406,8 +407,8 @@ class Place:
 
 
 def place_of(obj, what: str = "the input") -> Place:
-    """Where obj lives: HOST for host arrays, else its device with the stream its
-    framework is working on."""
+    """Where obj lives: the host for host arrays, else its device with the stream its
+    framework is working on. `what` names obj in error messages."""
     return _place(obj, device_view(obj), what)
 
 
