@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as _gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
+import kbit
 from kbit import gguf as kg
 from kbit._lib import KbitError, lib
 from kbit.reference import gguf as rg
@@ -490,6 +491,57 @@ def test_load_reads_no_float32_copy(rng, tmp_path, monkeypatch):
     kg.load(path, device="cpu", dtype="float16")
 
 
+def test_load_without_dequantize_cpu(rng, tmp_path):
+    """dequantize=False: quantized tensors come back as GGUFTensor holding the file's
+    block bytes (a copy, not a view of the map); floats pass through as before."""
+    path = tmp_path / "model.gguf"
+    specs = write_gguf(path, rng)
+    got = kg.load(path, device="cpu", dequantize=False)
+    ref = kg.load(path, device="cpu", dtype="float32")
+    stored = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    assert list(got) == list(specs)
+    for name, (t, shape) in specs.items():
+        g = got[name]
+        if t in ("F32", "F16", "BF16"):
+            assert isinstance(g, np.ndarray) and g.shape == shape
+            assert_same(g, ref[name], {"F32": "float32", "F16": "float16"}.get(t, "bfloat16"))
+            continue
+        assert isinstance(g, kg.GGUFTensor) and isinstance(g, kbit.GGUFTensor)
+        assert g.ggml_type == TYPE_ID[t] and g.type_name == t and g.shape == shape
+        raw = np.asarray(stored[name].data).reshape(-1).view(np.uint8)
+        assert g.blocks.dtype == np.uint8 and g.blocks.flags.owndata
+        np.testing.assert_array_equal(g.blocks, raw)
+        elems, nbytes = kg.block_info(t)
+        assert g.nbytes == raw.nbytes == g.n // elems * nbytes and not g.on_device
+        assert g.bits_per_element == nbytes * 8 / elems
+        for dtype in DTYPES:
+            y = kg.dequantize(g, dtype=dtype)
+            assert y.shape == shape
+            assert_same(y, kg.load(path, device="cpu", dtype=dtype)[name], dtype)
+        assert_same(kg.dequantize(g, t, g.n), ref[name], "float32")  # the same type and n again
+        out = np.empty(shape, np.float16)
+        assert kg.dequantize(g, dtype="float16", out=out) is out
+
+
+def test_gguf_tensor_checks():
+    raw = np.zeros(3 * 34, np.uint8)  # three Q8_0 blocks
+    t = kbit.GGUFTensor(raw, kg.GGML_TYPES["Q8_0"], (3, 32))
+    assert kg.dequantize(t).shape == (3, 32)
+    assert kg.dequantize(t, "Q8_0", 96, "float16").dtype == np.float16
+    with pytest.raises(KbitError, match="disagree"):
+        kg.dequantize(t, "Q4_0")
+    with pytest.raises(KbitError, match="disagree"):
+        kg.dequantize(t, n=64)
+    with pytest.raises(KbitError, match="ggml_type and n"):
+        kg.dequantize(raw)
+    with pytest.raises(KbitError, match="bytes"):
+        kg.dequantize(kbit.GGUFTensor(raw[:-1], 8, (3, 32)))
+    with pytest.raises(KbitError, match="block size"):
+        kg.dequantize(kbit.GGUFTensor(raw, 8, (3, 33)))
+    with pytest.raises(KbitError, match="out"):
+        kg.dequantize(t, out=np.empty(95, np.float32))
+
+
 # ---- GPU -----------------------------------------------------------------------------
 
 def _torch():
@@ -598,3 +650,24 @@ def test_gpu_beyond_2g_elements(rng):
                 "float16")
     del out, blocks
     torch.cuda.empty_cache()
+
+
+@requires_gpu
+def test_load_without_dequantize_gpu(rng, tmp_path):
+    torch = _torch()
+    path = tmp_path / "model.gguf"
+    specs = write_gguf(path, rng)
+    got = kg.load(path, device="cuda", dequantize=False)
+    cpu = kg.load(path, device="cpu", dequantize=False)
+    for name, (t, shape) in specs.items():
+        if t in ("F32", "F16", "BF16"):
+            assert got[name].is_cuda
+            continue
+        g = got[name]
+        assert isinstance(g, kg.GGUFTensor) and g.on_device and g.blocks.is_cuda
+        assert g.blocks.dtype == torch.uint8 and g.ggml_type == cpu[name].ggml_type
+        assert g.shape == shape and g.nbytes == cpu[name].nbytes
+        np.testing.assert_array_equal(g.blocks.cpu().numpy(), cpu[name].blocks)
+        y = kg.dequantize(g, dtype="float16")
+        assert y.is_cuda and tuple(y.shape) == shape
+        assert_same(y.cpu().numpy(), kg.dequantize(cpu[name], dtype="float16"), "float16")

@@ -602,11 +602,30 @@ def test_generic_entries_bad_dtype_and_k():
                                                       ctypes.byref(ts)) == STATUS["null"]
 
 
+# The pinned status values of include/kbit.h (SPEC section 4): never renumbered.
+PINNED_STATUS = ["KBIT_SUCCESS", "KBIT_ERROR_INVALID_ARGUMENT", "KBIT_ERROR_NULL_POINTER",
+                 "KBIT_ERROR_MISALIGNED", "KBIT_ERROR_RANGE", "KBIT_ERROR_NOT_SUPPORTED",
+                 "KBIT_ERROR_NO_DEVICE", "KBIT_ERROR_CUDA", "KBIT_ERROR_INVALID_DATA",
+                 "KBIT_ERROR_INTERNAL"]
+
+
 def test_status_strings_and_version():
     lib = kbit._lib.lib()
-    for code, name in kbit._lib.STATUS.items():
+    for code, name in enumerate(PINNED_STATUS):
         assert lib.kbit_status_string(code).decode() == name
+        assert kbit._lib.status_name(code) == name and kbit._lib.status_code(name) == code
+    assert kbit._lib.status_name(len(PINNED_STATUS)) == f"status {len(PINNED_STATUS)}"
     assert kbit.version() == (0, 1, 0)
+
+
+def test_errors_are_named_by_the_library():
+    """KbitError reads 'function: KBIT_ERROR_...: message', the name from
+    kbit_status_string (Python keeps no copy of the enum)."""
+    with pytest.raises(kbit.KbitError) as e:
+        call("kbit_default_codebook_host", 7, np.empty(256, np.float32).ctypes.data)
+    assert e.value.status == 1
+    assert str(e.value).startswith("kbit_default_codebook_host: KBIT_ERROR_INVALID_ARGUMENT: ")
+    assert not hasattr(kbit._lib, "STATUS")
 
 
 def test_every_kbit_symbol_is_exported():

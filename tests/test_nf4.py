@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kbit
-from kbit import _lib, nf4
+from kbit import _lib, bnb4
 from kbit.reference import nf4 as ref
 from conftest import GPU_SKIP_REASON, requires_gpu
 
@@ -295,7 +295,7 @@ def test_roundtrip_error_bound(rng, qt):
 # ----------------------------------------------------------------------------------
 
 def test_dynamic_map():
-    m = nf4.dynamic_map()
+    m = bnb4.dynamic_map()
     r = ref.create_dynamic_map()
     assert np.array_equal(m.view(np.uint32), r.view(np.uint32))
     assert m.size == 256 and np.all(np.diff(m) > 0)
@@ -555,7 +555,7 @@ def test_python_api_errors(rng):
     q = kbit.quantize_nf4(x)
     with pytest.raises(kbit.KbitError):
         kbit.dequantize_fp4(q)
-    short = nf4.Quantized4bit(q.packed[:10], q.absmax, q.shape, q.dtype, 64, "nf4")
+    short = bnb4.Quantized4bit(q.packed[:10], q.absmax, q.shape, q.dtype, 64, "nf4")
     with pytest.raises(kbit.KbitError, match="packed"):
         kbit.dequantize_4bit(short)
     with pytest.raises(kbit.KbitError):
@@ -568,7 +568,7 @@ def test_from_bnb_state(rng):
     pk, am = ref.quantize_4bit(x, "nf4", 64)
     plain = SimpleNamespace(absmax=am, shape=(3000,), dtype="float32", blocksize=64,
                             quant_type="nf4", nested=False, offset=None, state2=None)
-    q = nf4.Quantized4bit.from_bnb(pk.reshape(-1, 1), plain)
+    q = bnb4.Quantized4bit.from_bnb(pk.reshape(-1, 1), plain)
     assert np.array_equal(kbit.dequantize_4bit(q), ref.dequantize_4bit(pk, am, 3000, "nf4", 64))
     off = np.float32(am.mean())  # bitsandbytes' own offset, whatever its rounding
     rq, ra2 = ref.quantize_absmax(am, off)
@@ -576,7 +576,7 @@ def test_from_bnb_state(rng):
     nested = SimpleNamespace(absmax=rq, shape=(3000,), dtype=np.float32, blocksize=64,
                              quant_type="nf4", nested=True, offset=np.array(off),
                              state2=SimpleNamespace(absmax=ra2, code=code, blocksize=256))
-    qn = nf4.Quantized4bit.from_bnb(pk, nested)
+    qn = bnb4.Quantized4bit.from_bnb(pk, nested)
     assert qn.nested
     assert np.array_equal(kbit.dequantize_4bit(qn),
                           ref.dequantize_4bit_dq(pk, rq, ra2, off, 3000, "nf4", 64))
@@ -719,7 +719,7 @@ def test_gpu_double_quantization_matches_host(rng):
         assert np.array_equal(q.cpu().numpy(), hq)
         assert np.array_equal(a2.cpu().numpy().view(np.uint32), ha2.view(np.uint32))
         back = torch.full((count,), float("nan"), device="cuda")
-        code = torch.from_numpy(nf4.dynamic_map()).cuda()
+        code = torch.from_numpy(bnb4.dynamic_map()).cuda()
         assert fn("kbit_nf4_dequantize_absmax")(q.data_ptr(), a2.data_ptr(), code.data_ptr(),
                                                 mean.data_ptr(), count, back.data_ptr(), None) == S_OK
         assert np.array_equal(back.cpu().numpy().view(np.uint32),
@@ -849,12 +849,12 @@ def test_bitsandbytes_bytes(qt):
                     fp32_diff, fp32_total = fp32_diff + diff, fp32_total + pk.numel()
                 else:
                     assert diff == 0, (dt, bs, shape, diff)
-                ours = kbit.dequantize_4bit(nf4.Quantized4bit.from_bnb(pk, st))
+                ours = kbit.dequantize_4bit(bnb4.Quantized4bit.from_bnb(pk, st))
                 theirs = F.dequantize_4bit(pk, st)
                 assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)), (dt, bs, shape)
     assert fp32_diff <= 1e-5 * fp32_total, (fp32_diff, fp32_total)
     assert np.array_equal(F.create_dynamic_map().numpy().view(np.uint32),
-                          nf4.dynamic_map().view(np.uint32))
+                          bnb4.dynamic_map().view(np.uint32))
 
 
 @pytest.mark.parametrize("qt", QTYPES)
@@ -866,7 +866,7 @@ def test_bitsandbytes_nested(qt):
             x = torch.randn(1000, 777, dtype=dt, device="cuda")
             pk, st = F.quantize_4bit(x, blocksize=bs, quant_type=qt, compress_statistics=True)
             # loading: their nested state as it is
-            ours = kbit.dequantize_4bit(nf4.Quantized4bit.from_bnb(pk, st))
+            ours = kbit.dequantize_4bit(bnb4.Quantized4bit.from_bnb(pk, st))
             assert torch.equal(ours.view(torch.uint8), F.dequantize_4bit(pk, st).view(torch.uint8))
             # writing: the same second-level bytes from the same offset
             _, plain = F.quantize_4bit(x, blocksize=bs, quant_type=qt)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import kbit
+from kbit import _lib, bnb4
 from kbit import gguf as kg
-from kbit import nf4
 from kbit import reference as R
 from kbit.reference import gguf as rg
 from kbit.reference import nf4 as ref4
@@ -158,7 +158,7 @@ def test_big_endian_quantized_fields(rng):
     q4 = kbit.quantize_nf4(x, compress_statistics=True)
     big4 = dataclasses.replace(q4, absmax2=q4.absmax2.astype(">f4"),
                                offset=q4.offset.astype(">f4"),
-                               code=nf4.dynamic_map().astype(">f4"))
+                               code=bnb4.dynamic_map().astype(">f4"))
     assert same_bits(kbit.dequantize_4bit(big4), kbit.dequantize_4bit(q4))
     q4 = kbit.quantize_nf4(x)
     big4 = dataclasses.replace(q4, absmax=q4.absmax.astype(">f4"))
@@ -377,7 +377,7 @@ def test_nf4_nested_state_must_be_complete(rng):
     cases = {"absmax": dict(absmax=plain.absmax),  # the float scales, not the codes
              "absmax2": dict(absmax2=np.r_[q.absmax2, np.float32(1)]),
              "offset": dict(offset=None),
-             "code": dict(code=np.r_[nf4.dynamic_map(), np.float32(0)])}
+             "code": dict(code=np.r_[bnb4.dynamic_map(), np.float32(0)])}
     for name, change in cases.items():
         with pytest.raises(kbit.KbitError, match=name):
             kbit.dequantize_4bit(dataclasses.replace(q, **change))
@@ -392,7 +392,7 @@ def test_from_bnb_nested_state_without_state2():
     state = SimpleNamespace(absmax=q.absmax, shape=(100,), dtype="float32", blocksize=64,
                             quant_type="nf4", nested=True, offset=q.offset, state2=None)
     with pytest.raises(kbit.KbitError, match="state2"):
-        nf4.Quantized4bit.from_bnb(q.packed, state)
+        bnb4.Quantized4bit.from_bnb(q.packed, state)
 
 
 # ---------------------------------------------------------------------------------
@@ -423,3 +423,38 @@ def test_gguf_integer_like_arguments(rng):
     for t, n in [(GT.Q8_0, 96), (np.int32(8), np.int64(96)), (8, 96)]:
         assert same_bits(kg.dequantize(raw, t, n), want)
     assert kg.dequantize(np.zeros(0, np.uint8), "Q8_0", 0).shape == (0,)
+
+
+def test_sizes_come_from_the_library(rng, monkeypatch):
+    """Allocations, checks and nbytes use the library's size helpers (kbit.reference
+    alone keeps its own formulas): a helper that answers one more is obeyed."""
+    called = []
+    real = _lib.function
+
+    def spy(name):
+        called.append(name)
+        if name in ("kbit_packed_words", "kbit_nf4_packed_bytes"):
+            return lambda *args: real(name)(*args) + 1
+        return real(name)
+
+    x = rng.standard_normal(1000).astype(np.float32)
+    want_k, want_4 = kbit.quantize(x, k=3, absmax="fp16"), kbit.quantize_nf4(x, 128, True)
+    nbytes_k, nbytes_4 = want_k.nbytes, want_4.nbytes
+    y_k, y_4 = kbit.dequantize(want_k), kbit.dequantize_nf4(want_4)
+    monkeypatch.setattr(_lib, "function", spy)
+    q = kbit.quantize(x, k=3, absmax="fp16")
+    assert q.packed.size == want_k.packed.size + 1 and q.nbytes == nbytes_k + 4
+    np.testing.assert_array_equal(q.packed[:-1], want_k.packed)
+    np.testing.assert_array_equal(kbit.dequantize(q), y_k)
+    assert {"kbit_packed_words", "kbit_absmax_bytes"} <= set(called)
+    called.clear()
+    q4 = kbit.quantize_nf4(x, 128, compress_statistics=True)
+    assert q4.packed.size == want_4.packed.size + 1 and q4.nbytes == nbytes_4 + 1
+    np.testing.assert_array_equal(kbit.dequantize_nf4(q4), y_4)
+    assert {"kbit_nf4_packed_bytes", "kbit_nf4_absmax_count",
+            "kbit_nf4_absmax2_count"} <= set(called)
+    called.clear()
+    raw = np.zeros(2 * 34, np.uint8)  # two Q8_0 blocks
+    kg.dequantize(raw, "Q8_0", 64)
+    assert kg.GGUFTensor(raw, 8, (2, 32)).nbytes == 68
+    assert "kbit_gguf_block_info" in called

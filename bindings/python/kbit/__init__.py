@@ -5,12 +5,13 @@ or __cuda_array_interface__ without copies. kbit.reference is the pure numpy gro
 truth for every format.
 """
 from ._lib import KbitError, cuda_available, version
-from .core import QuantizedTensor, default_codebook, dequantize, quantize
-from .nf4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4,
-                  quantize_4bit, quantize_fp4, quantize_nf4)
+from .kbit import QuantizedTensor, default_codebook, dequantize, quantize
+from .bnb4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4,
+                   quantize_4bit, quantize_fp4, quantize_nf4)
 from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
+from .gguf import GGUFTensor
 
-__all__ = ["KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
+__all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
            "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
            "dequantize_nf4", "gguf", "quantize", "quantize_4bit", "quantize_fp4",
            "quantize_nf4", "version"]

@@ -1,10 +1,16 @@
-"""Host (numpy) and device (any framework) arrays as raw pointers for the C calls.
+"""Host (numpy) and device (any framework) arrays as raw pointers for the C calls, and
+the one input-and-allocation path every format family (kbit, bnb4, gguf) goes through.
 
 Device arrays are taken without copies through DLPack (PyTorch, CuPy, JAX, ...) or
 `__cuda_array_interface__` (CuPy, Numba, PyTorch). New device outputs are allocated
 with the input's own framework (PyTorch or CuPy), or CuPy/PyTorch when the input
 comes from a framework that cannot hand out writable arrays (JAX); pass `out=` to
 control that yourself.
+
+A Place is where a call runs: the host (numpy arrays, the `_host` C functions) or one
+CUDA device (the launch functions, on the caller's stream). `place_of(array)` and
+`float_input(x)` find it; it allocates outputs on its side, checks a caller's out=,
+views the other fields of a quantized tensor and calls the right C symbol.
 """
 from __future__ import annotations
 
@@ -15,10 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from ._lib import KbitError
+from ._lib import KbitError, call
 
 # dtype names used throughout the package
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# kbit_dtype values of the float types, and their tags in per-type C symbol names
+DTYPE_ID = {"float32": 0, "float16": 1, "bfloat16": 2}
+C_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_FRAMEWORKS = ("torch", "cupy")  # the frameworks kbit allocates device arrays with
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
 _DL_NAMES = {(_DL_FLOAT, 32): "float32", (_DL_FLOAT, 16): "float16",
@@ -63,11 +73,12 @@ def host_array(x, dtype=None) -> np.ndarray:
 
 @dataclass
 class DeviceArray:
-    """A contiguous device array seen as a pointer (keeps its owner alive)."""
+    """A contiguous array seen as a pointer (keeps its owner alive): a CUDA array of
+    device `device_id`, or a host array (device_id None) where a Place views one."""
     ptr: int
     shape: tuple
     dtype: str
-    device_id: int
+    device_id: int | None
     owner: Any
 
     @property
@@ -76,7 +87,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        return self.size * _ITEMSIZE[self.dtype]
+        return self.size * (_ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize)
 
 
 class _DLDevice(ctypes.Structure):
@@ -164,35 +175,49 @@ def _from_cai(obj) -> DeviceArray:
     return DeviceArray(ptr, shape, dt.name, dev_id, obj)
 
 
-def device_context(arr: DeviceArray):
-    """Makes arr's device current for the calls inside (the kernels, the stream and the
+def _framework(obj) -> str:
+    """The top-level module of obj's type ('torch', 'cupy', 'jaxlib', 'numpy', ...)."""
+    return type(obj).__module__.split(".")[0]
+
+
+def _device_context(framework: str | None, device_id: int):
+    """Makes device_id current for the calls inside (the kernels, the stream and the
     scale helper's allocation must all be on the array's device)."""
-    mod = type(arr.owner).__module__.split(".")[0]
     try:
-        if mod == "torch":
+        if framework == "torch":
             import torch
-            return torch.cuda.device(arr.device_id)
-        if mod == "cupy":
+            return torch.cuda.device(device_id)
+        if framework == "cupy":
             import cupy
-            return cupy.cuda.Device(arr.device_id)
+            return cupy.cuda.Device(device_id)
     except ImportError:
         pass
     return contextlib.nullcontext()
 
 
-def current_stream(obj) -> int:
-    """The stream the caller's framework is working on for obj's device (0: default)."""
-    mod = type(obj).__module__.split(".")[0]
+def _framework_stream(framework: str | None, device_id: int) -> int:
+    """The stream `framework` is working on for device_id (0: the default stream)."""
     try:
-        if mod == "torch":
+        if framework == "torch":
             import torch
-            return int(torch.cuda.current_stream(obj.device).cuda_stream)
-        if mod == "cupy":
+            return int(torch.cuda.current_stream(device_id).cuda_stream)
+        if framework == "cupy":
             import cupy
-            return int(cupy.cuda.get_current_stream().ptr)
+            with cupy.cuda.Device(device_id):
+                return int(cupy.cuda.get_current_stream().ptr)
     except Exception:
         pass
     return 0
+
+
+def current_stream(obj) -> int:
+    """The stream the caller's framework is working on for obj's device (0: default)."""
+    framework = _framework(obj)
+    try:
+        device_id = int(obj.device.index or 0) if framework == "torch" else int(obj.device.id)
+    except Exception:
+        device_id = 0
+    return _framework_stream(framework, device_id)
 
 
 def device_view(obj) -> DeviceArray | None:
@@ -214,8 +239,8 @@ def device_view(obj) -> DeviceArray | None:
     return None
 
 
-def _empty_with(mod: str, shape, dtype: str, device_id: int):
-    if mod == "torch":
+def _empty_with(framework: str, shape, dtype: str, device_id: int):
+    if framework == "torch":
         import torch
         tdt = getattr(torch, dtype, None)
         if tdt is None and dtype == "uint32":  # PyTorch < 2.3: same bytes as int32
@@ -223,79 +248,250 @@ def _empty_with(mod: str, shape, dtype: str, device_id: int):
         if tdt is None:
             raise KbitError(f"this PyTorch has no {dtype} tensors")
         return torch.empty(shape, dtype=tdt, device=f"cuda:{device_id}")
-    if mod == "cupy":
+    if framework == "cupy":
         import cupy
         if dtype == "bfloat16":
             raise KbitError("CuPy has no bfloat16 arrays; pass out= or use PyTorch")
         with cupy.cuda.Device(device_id):
             return cupy.empty(shape, dtype=dtype)
-    raise KbitError(f"cannot allocate device arrays with {mod}")
+    raise KbitError(f"cannot allocate device arrays with {framework}")
 
 
-def empty_device(like: DeviceArray, shape, dtype: str):
-    """A new device array on like's device, from like's framework when it can."""
-    mod = type(like.owner).__module__.split(".")[0]
-    order = [mod] if mod in ("torch", "cupy") else []
-    order += [m for m in ("torch", "cupy") if m not in order]
-    errors = []
-    for m in order:
+def _upload_with(framework: str, host: np.ndarray, device_id: int):
+    if framework == "torch":
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(host)).to(f"cuda:{device_id}")
+    if framework == "cupy":
+        import cupy
+        with cupy.cuda.Device(device_id):
+            return cupy.asarray(host)
+    raise KbitError(f"cannot allocate device arrays with {framework}")
+
+
+def host_dtype(dtype: str) -> str:
+    """The numpy dtype that holds `dtype` on the host (bfloat16: uint16 bit patterns)."""
+    return "uint16" if dtype == "bfloat16" else dtype
+
+
+def float_dtype(dtype, what: str = "output") -> str:
+    """dtype's name, which must be one of the float types the C functions take."""
+    name = dtype_name(dtype)
+    if name not in DTYPE_ID:
+        raise KbitError(f"{what} dtype must be float32, float16 or bfloat16, got {name}")
+    return name
+
+
+class Place:
+    """Where a call runs and its outputs live: the host (`device_id` None: numpy arrays,
+    the `_host` C functions) or CUDA device `device_id` (the launch functions, on
+    `stream`; outputs from `framework`, else PyTorch or CuPy)."""
+
+    def __init__(self, device_id: int | None = None, framework: str | None = None,
+                 stream: int = 0, what: str = "the input"):
+        self.device_id, self.framework, self.stream = device_id, framework, stream
+        self.what = what  # the array that decided the place, for error messages
+
+    @property
+    def on_device(self) -> bool:
+        return self.device_id is not None
+
+    def __repr__(self) -> str:
+        if not self.on_device:
+            return "Place(host)"
+        return f"Place(cuda:{self.device_id}, {self.framework}, stream={self.stream:#x})"
+
+    # -- calls ----------------------------------------------------------------------
+    def call(self, name: str, *args) -> None:
+        """Calls `name` (its `_host` twin on the host; on the device with the stream)."""
+        if self.on_device:
+            call(name, *args, self.stream)
+        else:
+            call(name + "_host", *args)
+
+    def active(self):
+        """A context making this place's device current (nothing on the host)."""
+        if not self.on_device:
+            return contextlib.nullcontext()
+        return _device_context(self.framework, self.device_id)
+
+    # -- arrays ---------------------------------------------------------------------
+    def view(self, arr, what: str, host=host_array) -> DeviceArray:
+        """arr, which must live in this place, as a pointer view. Host arrays go through
+        `host` first (a conversion or check; the view keeps its result alive)."""
+        dev = device_view(arr)
+        if self.on_device and dev is None:
+            raise KbitError(f"{self.what} is on the device but {what} is not")
+        if not self.on_device:
+            if dev is not None:
+                raise KbitError(f"{self.what} is on the host but {what} is on the device")
+            arr = host(arr)
+            return DeviceArray(arr.ctypes.data, tuple(arr.shape), arr.dtype.name, None, arr)
+        if dev.device_id != self.device_id:
+            raise KbitError(f"{what} is on cuda:{dev.device_id} but {self.what} on "
+                            f"cuda:{self.device_id}")
+        return dev
+
+    def ptr(self, arr) -> int | None:
+        """The address of an array this place allocated or uploaded (None: NULL)."""
+        if arr is None:
+            return None
+        if not self.on_device:  # never through a conversion: its copy would not live on
+            return arr.ctypes.data
+        return self.view(arr, "an array").ptr
+
+    def _frameworks(self) -> list:
+        first = [self.framework] if self.framework in _FRAMEWORKS else []
+        return first + [m for m in _FRAMEWORKS if m not in first]
+
+    def _with_framework(self, make, what: str):
+        errors = []
+        for framework in self._frameworks():
+            try:
+                return make(framework)
+            except ImportError:
+                errors.append(f"{framework} not installed")
+            except KbitError as e:
+                errors.append(str(e))
+        raise KbitError(f"cannot {what} (" + "; ".join(errors) + ")")
+
+    def empty(self, shape, dtype: str):
+        """A new array of `shape` here (host bfloat16: uint16 bit patterns)."""
+        shape = tuple(shape)
+        if not self.on_device:
+            return np.empty(shape, dtype=host_dtype(dtype))
+        return self._with_framework(
+            lambda m: _empty_with(m, shape, dtype, self.device_id),
+            "allocate a device output; pass out= arrays")
+
+    def upload(self, host: np.ndarray):
+        """A (small) host array here: itself on the host, a device copy on the device."""
+        if not self.on_device:
+            return host
+        return self._with_framework(
+            lambda m: _upload_with(m, host, self.device_id),
+            "copy to the device: it needs PyTorch or CuPy")
+
+    def output(self, out, shape, dtype: str):
+        """(array, pointer) of a result of `shape` and `dtype`: `out` checked, or a new
+        array here."""
+        size = int(np.prod(shape, dtype=np.int64))
+        if out is None:
+            out = self.empty(shape, dtype)
+        if not self.on_device:
+            np_dtype = host_dtype(dtype)
+            if (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != size
+                    or not out.flags.c_contiguous or not out.flags.aligned
+                    or not out.flags.writeable):
+                raise KbitError(f"out must be a writeable, aligned, contiguous numpy array "
+                                f"of {size} {np_dtype}")
+            return out, out.ctypes.data
+        view = device_view(out)
+        if view is None:
+            raise KbitError("out must be a device array when the input is on the device")
+        if view.dtype != dtype:
+            raise KbitError(f"out must have dtype {dtype}, got {view.dtype}")
+        if view.size != size:
+            raise KbitError(f"out must have {size} elements, got {view.size}")
+        return out, view.ptr
+
+    def as_type(self, buf, dtype: str, shape):
+        """A uint8 buffer of this place seen as `dtype` values of `shape` (no copy)."""
+        if not self.on_device:
+            return buf.view(host_dtype(dtype)).reshape(shape)
+        if _framework(buf) == "torch":
+            import torch
+            return buf.view(getattr(torch, dtype)).reshape(shape)
+        if dtype == "bfloat16":
+            raise KbitError("CuPy has no bfloat16 arrays: install PyTorch")
+        return buf.view(dtype).reshape(shape)
+
+
+def place_of(obj, what: str = "the input") -> Place:
+    """Where obj lives: the host for host arrays, else its device with the stream its
+    framework is working on. `what` names obj in error messages."""
+    return _place(obj, device_view(obj), what)
+
+
+def _place(obj, dev: DeviceArray | None, what: str = "the input") -> Place:
+    if dev is None:
+        return Place(what=what)
+    return Place(dev.device_id, _framework(obj), current_stream(obj), what)
+
+
+def named_place(device) -> Place:
+    """The place for a device name: 'cpu', or 'cuda' / 'cuda:N' / a torch.device, with
+    PyTorch (else CuPy) for the arrays and that framework's current stream."""
+    text = str(device)
+    if text == "cpu":
+        return Place()
+    if not text.startswith("cuda"):
+        raise KbitError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    index = None if isinstance(device, str) else getattr(device, "index", None)
+    if index is None and ":" in text:
         try:
-            return _empty_with(m, tuple(shape), dtype, like.device_id)
+            index = int(text.split(":", 1)[1])
+        except ValueError:
+            raise KbitError(f"bad device {device!r}") from None
+    errors = []
+    for framework in _FRAMEWORKS:
+        try:
+            if framework == "torch":
+                import torch
+                if not torch.cuda.is_available():
+                    raise KbitError("PyTorch sees no CUDA device")
+                device_id = torch.cuda.current_device() if index is None else index
+            else:
+                import cupy
+                device_id = cupy.cuda.Device().id if index is None else index
+            return Place(device_id, framework, _framework_stream(framework, device_id))
         except ImportError:
-            errors.append(f"{m} not installed")
+            errors.append(f"{framework} not installed")
         except KbitError as e:
             errors.append(str(e))
-    raise KbitError("cannot allocate a device output (" + "; ".join(errors) +
-                    "): pass out= arrays")
+        except Exception as e:  # the framework's own "no device" errors
+            errors.append(f"{framework}: {type(e).__name__}: {e}")
+    raise KbitError(f"device={text!r} needs PyTorch or CuPy for device arrays ("
+                    + "; ".join(errors) + ")")
 
 
-def check_device_output(arr: DeviceArray, size: int, dtype: str, what: str):
-    if arr.dtype != dtype:
-        raise KbitError(f"{what} must have dtype {dtype}, got {arr.dtype}")
-    if arr.size != size:
-        raise KbitError(f"{what} must have {size} elements, got {arr.size}")
+@dataclass
+class FloatInput:
+    """A float tensor to quantize, resolved: where it lives, its address, shape, dtype
+    name and element count (`keep` holds the memory alive)."""
+    place: Place
+    ptr: int
+    shape: tuple
+    dtype: str
+    size: int
+    keep: Any
+
+    @property
+    def dtype_id(self) -> int:
+        return DTYPE_ID[self.dtype]
 
 
-def host_output(out, shape, dtype: str) -> np.ndarray:
-    """The numpy output of a dequantize: `out` checked, or a new array of `shape`.
-    bfloat16 results are uint16 bit patterns."""
-    np_dtype = "uint16" if dtype == "bfloat16" else dtype
-    size = int(np.prod(shape, dtype=np.int64))
-    if out is None:
-        return np.empty(shape, dtype=np_dtype)
-    if (not isinstance(out, np.ndarray) or out.dtype != np_dtype or out.size != size
-            or not out.flags.c_contiguous or not out.flags.aligned
-            or not out.flags.writeable):
-        raise KbitError(f"out must be a writeable, aligned, contiguous numpy array of "
-                        f"{size} {np_dtype}")
-    return out
-
-
-def device_output(out, like: DeviceArray, shape, dtype: str):
-    """The device output of a dequantize and its view: `out` checked, or a new array of
-    `shape` on like's device."""
-    if out is None:
-        out = empty_device(like, shape, dtype)
-    view = device_view(out)
-    if view is None:
-        raise KbitError("out must be a device array when the input is on the device")
-    check_device_output(view, int(np.prod(shape, dtype=np.int64)), dtype, "out")
-    return out, view
-
-
-def to_device(host: np.ndarray, like: DeviceArray):
-    """Copies a small host array to like's device with an available framework."""
-    mod = type(like.owner).__module__.split(".")[0]
-    order = [mod] if mod in ("torch", "cupy") else []
-    order += [m for m in ("torch", "cupy") if m not in order]
-    for m in order:
-        try:
-            if m == "torch":
-                import torch
-                return torch.from_numpy(np.ascontiguousarray(host)).to(f"cuda:{like.device_id}")
-            import cupy
-            with cupy.cuda.Device(like.device_id):
-                return cupy.asarray(host)
-        except ImportError:
-            continue
-    raise KbitError("copying to the device needs PyTorch or CuPy")
+def float_input(x, dtype=None) -> FloatInput:
+    """x (numpy: the CPU path; a CUDA array of any framework: the GPU path, no copy) as
+    a float input. Host values are converted to `dtype` where given; host bfloat16 is
+    uint16 bits with dtype='bfloat16'. Device arrays are taken in their own dtype."""
+    dev = device_view(x)
+    place = _place(x, dev)
+    if dev is not None:
+        if dev.dtype not in DTYPE_ID:
+            raise KbitError(f"input dtype must be float32, float16 or bfloat16, got "
+                            f"{dev.dtype}")
+        return FloatInput(place, dev.ptr, tuple(dev.shape), dev.dtype, dev.size, x)
+    arr = host_array(x)
+    name = dtype_name(dtype) if dtype is not None else None
+    if name == "bfloat16":
+        if arr.dtype != np.uint16:
+            raise KbitError("host bfloat16 input is passed as uint16 bits with "
+                            "dtype='bfloat16'")
+    else:
+        if name is not None:
+            arr = arr.astype(name, copy=False)
+        name = arr.dtype.name
+        if name not in ("float32", "float16"):
+            raise KbitError(f"input dtype must be float32, float16 or bfloat16 (uint16 "
+                            f"bits with dtype='bfloat16'), got {name}")
+    return FloatInput(place, arr.ctypes.data, tuple(arr.shape), name, arr.size, arr)

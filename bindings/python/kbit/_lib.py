@@ -10,20 +10,14 @@ import ctypes.util
 import os
 import threading
 
-__all__ = ["KbitError", "lib", "register", "call", "STATUS"]
+from ._signatures import SIGNATURES
 
-STATUS = {
-    0: "KBIT_SUCCESS",
-    1: "KBIT_ERROR_INVALID_ARGUMENT",
-    2: "KBIT_ERROR_NULL_POINTER",
-    3: "KBIT_ERROR_MISALIGNED",
-    4: "KBIT_ERROR_RANGE",
-    5: "KBIT_ERROR_NOT_SUPPORTED",
-    6: "KBIT_ERROR_NO_DEVICE",
-    7: "KBIT_ERROR_CUDA",
-    8: "KBIT_ERROR_INVALID_DATA",
-    9: "KBIT_ERROR_INTERNAL",
-}
+__all__ = ["KbitError", "lib", "function", "call", "size", "status_name", "status_code",
+           "version", "cuda_available"]
+
+# Typed as soon as the library loads: the error path and version checks use them.
+_INFO = ("kbit_status_string", "kbit_last_error_message", "kbit_version",
+         "kbit_cuda_available")
 
 
 class KbitError(RuntimeError):
@@ -36,7 +30,7 @@ class KbitError(RuntimeError):
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
-_signatures: dict[str, tuple] = {}
+_status_codes: dict[str, int] = {}
 
 
 def _load() -> ctypes.CDLL:
@@ -72,34 +66,42 @@ def lib() -> ctypes.CDLL:
         with _lock:
             if _lib is None:
                 handle = _load()
-                handle.kbit_status_string.restype = ctypes.c_char_p
-                handle.kbit_status_string.argtypes = [ctypes.c_int]
-                handle.kbit_last_error_message.restype = ctypes.c_char_p
-                handle.kbit_last_error_message.argtypes = []
-                handle.kbit_version.restype = ctypes.c_int
-                handle.kbit_version.argtypes = []
-                handle.kbit_cuda_available.restype = ctypes.c_int
-                handle.kbit_cuda_available.argtypes = []
+                for name in _INFO:
+                    _apply(handle, name)
                 _lib = handle
     return _lib
 
 
-def register(name: str, argtypes: list, restype=ctypes.c_int) -> None:
-    """Declares a C function's signature; `call` applies it on first use."""
-    _signatures[name] = (argtypes, restype)
+def _apply(handle: ctypes.CDLL, name: str):
+    fn = getattr(handle, name)
+    if getattr(fn, "_kbit_typed", False) is False and name in SIGNATURES:
+        fn.argtypes, fn.restype = SIGNATURES[name]
+        fn._kbit_typed = True
+    return fn
 
 
 def function(name: str):
-    """The ctypes function `name` with its registered signature."""
+    """The ctypes function `name` with its signature from the table (_signatures)."""
     handle = lib()
     try:
-        fn = getattr(handle, name)
+        return _apply(handle, name)
     except AttributeError:
         raise KbitError(f"libkbit has no symbol {name!r} (library too old?)") from None
-    if name in _signatures and getattr(fn, "_kbit_typed", False) is False:
-        fn.argtypes, fn.restype = _signatures[name]
-        fn._kbit_typed = True
-    return fn
+
+
+def status_name(status: int) -> str:
+    """The library's name for a status code ('KBIT_ERROR_RANGE'), 'status N' if none."""
+    name = lib().kbit_status_string(status).decode(errors="replace")
+    return name if name.startswith("KBIT_") else f"status {status}"
+
+
+def status_code(name: str) -> int:
+    """The code of the status the library calls `name` (for errors raised in Python)."""
+    if not _status_codes:
+        # Codes are small and pinned; the library names each one it has.
+        found = {status_name(code): code for code in range(64)}
+        _status_codes.update((n, c) for n, c in found.items() if n.startswith("KBIT_"))
+    return _status_codes[name]
 
 
 def call(name: str, *args) -> None:
@@ -108,8 +110,18 @@ def call(name: str, *args) -> None:
     if status != 0:
         handle = lib()
         msg = handle.kbit_last_error_message().decode(errors="replace")
-        label = STATUS.get(status, f"status {status}")
+        label = status_name(status)
         raise KbitError(f"{name}: {label}: {msg}" if msg else f"{name}: {label}", status)
+
+
+def size(name: str, *args) -> int:
+    """What a size helper (kbit_packed_words, kbit_nf4_absmax_count, ...) returns for
+    args; KbitError where it refuses them (it returns -1)."""
+    value = function(name)(*args)
+    if value < 0:
+        raise KbitError(f"{name}{args}: invalid arguments",
+                        status_code("KBIT_ERROR_INVALID_ARGUMENT"))
+    return value
 
 
 def version() -> tuple[int, int, int]:

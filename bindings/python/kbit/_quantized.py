@@ -1,4 +1,4 @@
-"""What every quantized-tensor container shares (kbit, NF4/FP4)."""
+"""What every quantized-tensor container shares (kbit, NF4/FP4, GGUF)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,10 @@ from . import _arrays
 
 
 class QuantizedBase:
-    """Mixin for dataclasses with `packed`, `shape` and an `nbytes` property."""
+    """Mixin for dataclasses with `shape`, an `nbytes` property and the array named by
+    _DATA (`packed` unless a container says otherwise), which decides where it lives."""
+
+    _DATA = "packed"
 
     @property
     def n(self) -> int:
@@ -16,7 +19,7 @@ class QuantizedBase:
 
     @property
     def on_device(self) -> bool:
-        return _arrays.device_view(self.packed) is not None
+        return _arrays.device_view(getattr(self, self._DATA)) is not None
 
     @property
     def bits_per_element(self) -> float:

@@ -1,0 +1,171 @@
+"""The kbit format from Python: quantize / dequantize numpy arrays (on the CPU) and
+CUDA arrays of any framework (on the GPU, on the framework's current stream)."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _arrays
+from ._quantized import QuantizedBase
+from ._lib import KbitError, call, size, status_code
+
+_FORMAT_ID = {"fp32": 0, "fp16": 1, "e4m4": 2}
+_ABSMAX_NP = {"fp32": "float32", "fp16": "float16", "e4m4": "uint8"}
+# Held by a checked GPU quantize from clearing the device's range flag (one per device,
+# shared by every thread and stream) to reading it.
+_RANGE_FLAG_LOCK = threading.Lock()
+
+
+def _sizes(n: int, k: int, absmax: str) -> tuple[int, int]:
+    """(packed words, absmax entries) of n elements, from the library's size helpers."""
+    words = size("kbit_packed_words", n, k)
+    entry_bytes = np.dtype(_ABSMAX_NP[absmax]).itemsize
+    return words, size("kbit_absmax_bytes", n, _FORMAT_ID[absmax]) // entry_bytes
+
+
+@dataclass
+class QuantizedTensor(QuantizedBase):
+    """A kbit-quantized tensor: packed bit planes, block scales and how to read them.
+
+    packed / absmax live where the input lived (numpy arrays, or device arrays of the
+    input's framework). codebook is None for the built-in normal-float codebook."""
+    packed: Any
+    absmax: Any
+    k: int
+    shape: tuple
+    dtype: str
+    absmax_format: str = "e4m4"
+    tensor_scale: float = 1.0
+    codebook: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of packed codes plus scales."""
+        return (size("kbit_packed_words", self.n, self.k) * 4
+                + size("kbit_absmax_bytes", self.n, _FORMAT_ID[self.absmax_format]))
+
+
+def default_codebook(k: int) -> np.ndarray:
+    """The library's built-in normal-float codebook for k (float32, 2^k entries)."""
+    _check_k(k)
+    cb = np.empty(1 << k, dtype=np.float32)
+    call("kbit_default_codebook_host", k, cb.ctypes.data)
+    return cb
+
+
+def _check_k(k):
+    if not _arrays.is_integer(k) or k not in (2, 3, 4, 5):
+        raise KbitError(f"k must be 2..5, got {k!r}")
+
+
+def _check_args(k: int, absmax: str, codebook):
+    _check_k(k)
+    if not isinstance(absmax, str) or absmax not in _FORMAT_ID:
+        raise KbitError(f"absmax must be one of {sorted(_FORMAT_ID)}, got {absmax!r}")
+    if codebook is None:
+        return None
+    cb = _arrays.host_array(np.asarray(codebook, dtype=np.float32).reshape(-1))
+    if cb.size != 1 << k:
+        raise KbitError(f"codebook for k={k} needs {1 << k} entries, got {cb.size}")
+    if not np.all(np.isfinite(cb)):
+        raise KbitError("codebook entries must be finite")
+    return cb
+
+
+def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
+             tensor_scale: float | None = None, dtype=None) -> QuantizedTensor:
+    """Quantizes x to k bits per element in blocks of 32 (SPEC section 1).
+
+    x: a numpy array (CPU path) or a CUDA array of any framework (GPU path, no copy,
+    on the framework's current stream). absmax: 'e4m4' (1 byte per block), 'fp16' or
+    'fp32'. codebook: 2^k floats, None for the built-in normal-float codebook.
+    tensor_scale: None picks one so that every block fits the absmax format.
+    dtype: only for host bfloat16, passed as uint16 bits with dtype='bfloat16'.
+    """
+    cb = _check_args(k, absmax, codebook)
+    fmt = _FORMAT_ID[absmax]
+    x = _arrays.float_input(x, dtype)
+    place = x.place
+    with place.active():
+        ts = ctypes.c_float(1.0)
+        if tensor_scale is not None:
+            ts.value = float(tensor_scale)
+        elif absmax != "fp32":  # fp32 scales hold any finite absmax
+            place.call("kbit_compute_tensor_scale", x.ptr, x.size, x.dtype_id, fmt,
+                       ctypes.byref(ts))
+        words, entries = _sizes(x.size, k, absmax)
+        packed = place.empty((words,), "uint32")
+        am = place.empty((entries,), _ABSMAX_NP[absmax])
+        cb_here = place.upload(cb) if cb is not None else None
+        args = (x.ptr, x.size, x.dtype_id, k, place.ptr(cb_here), fmt, ts, place.ptr(am),
+                place.ptr(packed))
+        # The host quantizer returns KBIT_ERROR_RANGE itself; the GPU one raises the
+        # device flag for blocks that do not fit: over the range (only possible with a
+        # caller's tensor_scale) or NaN/Inf with E4M4 (which has no NaN). Other calls
+        # cannot raise it and need no check.
+        if place.on_device and (absmax == "e4m4" or tensor_scale is not None):
+            _quantize_checked(place, args, absmax, ts.value)
+        else:
+            place.call("kbit_quantize", *args)
+    return QuantizedTensor(packed, am, k, x.shape, x.dtype, absmax, ts.value, cb)
+
+
+def _quantize_checked(place: _arrays.Place, args, absmax: str, ts: float) -> None:
+    # One flag per device for every thread and stream: the lock keeps another thread's
+    # clear or read from landing between this call's clear and read.
+    with _RANGE_FLAG_LOCK:
+        call("kbit_get_range_flag", ctypes.byref(ctypes.c_int()), 1)
+        place.call("kbit_quantize", *args)
+        raised = ctypes.c_int()
+        call("kbit_get_range_flag", ctypes.byref(raised), 1)
+    if raised.value:
+        raise KbitError(f"a block does not fit the {absmax} absmax format at "
+                        f"tensor_scale={ts}: it holds NaN/Inf (E4M4 cannot represent them: "
+                        "use absmax='fp16' or 'fp32') or exceeds the range (pass "
+                        "tensor_scale=None to let kbit choose it)",
+                        status_code("KBIT_ERROR_RANGE"))
+
+
+def dequantize(q: QuantizedTensor, dtype=None, out=None):
+    """Dequantizes q to `dtype` (default: the quantized input's dtype), where q lives.
+
+    Host results for bfloat16 are uint16 bit patterns. out: an optional preallocated
+    output (numpy or device array) of q.n elements.
+    """
+    name = _arrays.float_dtype(dtype) if dtype is not None else q.dtype
+    cb = _check_args(q.k, q.absmax_format, q.codebook)
+    fmt = _FORMAT_ID[q.absmax_format]
+    place = _arrays.place_of(q.packed, "packed")
+    packed = place.view(q.packed, "packed", lambda a: _host_field(a, "uint32", "packed", q))
+    am = place.view(q.absmax, "absmax",
+                    lambda a: _host_field(a, _ABSMAX_NP[q.absmax_format], "absmax", q))
+    _check_sizes(packed.size, am.size, q)
+    out, out_ptr = place.output(out, q.shape, name)
+    with place.active():
+        cb_here = place.upload(cb) if cb is not None else None
+        place.call("kbit_dequantize", packed.ptr, am.ptr, fmt, ctypes.c_float(q.tensor_scale),
+                   place.ptr(cb_here), q.k, q.n, _arrays.DTYPE_ID[name], out_ptr)
+    return out
+
+
+def _host_field(a, dtype: str, what: str, q: QuantizedTensor) -> np.ndarray:
+    """A host field of q as `dtype` values. Integer codes and float scales are never
+    converted into each other: that would read E4M4 codes as fp16 scales, or truncate
+    scales into codes, when the field and q.absmax_format disagree."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "iuf" or (arr.dtype.kind == "f") != (np.dtype(dtype).kind == "f"):
+        raise KbitError(f"{what} must hold {dtype} values for absmax_format="
+                        f"{q.absmax_format!r}, got {arr.dtype}")
+    return _arrays.host_array(arr, dtype)
+
+
+def _check_sizes(packed_size: int, absmax_size: int, q: QuantizedTensor):
+    words, entries = _sizes(q.n, q.k, q.absmax_format)
+    if packed_size != words:
+        raise KbitError(f"packed has {packed_size} words, expected {words}")
+    if absmax_size != entries:
+        raise KbitError(f"absmax has {absmax_size} entries, expected {entries}")
