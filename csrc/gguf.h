@@ -228,6 +228,19 @@ struct HostLoader {
     uint32_t byte(int off) const { return p[off]; }
 };
 
+// The host's block decoder (dequantize and the fused matmul): the Fmt::kElems values
+// of the block at `block`, in ggml's element order.
+template <class Fmt>
+inline void dequantize_block_host(const uint8_t *block, float *out) {
+    constexpr int kGroup = 8;
+    const HostLoader ld{block};
+    for (int e0 = 0; e0 < Fmt::kElems; e0 += kGroup) {
+        float y[kGroup];
+        Fmt::template group<kGroup>(ld, e0, y);
+        for (int i = 0; i < kGroup; ++i) out[e0 + i] = y[i];
+    }
+}
+
 }  // namespace gguf
 }  // namespace kbit
 

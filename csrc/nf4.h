@@ -225,6 +225,18 @@ KBIT_HD int encode_dynamic(const float *code, float v) {
 // which gives the GPU's f16/bf16/fp32 bits for any value, NaN included.
 KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
 
+// The host's decoder (dequantize and the fused matmul): elements [i0, i1) of one block,
+// whose scale is a, as out[i - i0] = table[c_i] * a (element i: the high nibble of byte
+// i/2 for even i, the low nibble for odd i).
+template <class Fmt>
+inline void dequantize_elements(const uint8_t *packed, int64_t i0, int64_t i1, float a,
+                                float *out) {
+    for (int64_t i = i0; i < i1; ++i) {
+        const int c = (i & 1) ? (packed[i >> 1] & 15) : (packed[i >> 1] >> 4);
+        out[i - i0] = bnb_mul(table_value(Fmt{}, c), a);
+    }
+}
+
 // ---- sizes and argument checks ----------------------------------------------------------
 
 inline bool valid_blocksize(int bs) {
