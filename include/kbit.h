@@ -382,6 +382,106 @@ KBIT_API kbit_status kbit_gguf_dequantize_host(int ggml_type, const void *blocks
                                                int64_t n, kbit_dtype dtype,
                                                void *output);
 
+/* ---------------------------------------------------------------------------------
+ * Fused dequantize + matmul (SPEC section 6)
+ *
+ * y = x · Wᵀ (+ bias) for a quantized weight W of shape [n_out, k_in], read as stored:
+ * W is the flat row-major tensor of n_out * k_in elements in one of the formats above
+ * (row r is elements r*k_in .. r*k_in + k_in - 1), so k_in must be a multiple of the
+ * format's block: 32 for kbit, blocksize for NF4/FP4, the ggml type's block_elems for
+ * GGUF. W's arrays are exactly those the format's quantize functions write for n =
+ * n_out * k_in elements, with the same alignment rules. No dequantized copy of W is
+ * written anywhere.
+ *  - x: m * k_in elements, y: m * n_out elements, both row-major, contiguous and of
+ *    `dtype`; bias: NULL or n_out elements of `dtype`, added to every row of y.
+ *    x, y and bias are aligned to the element size, and y must not overlap the inputs.
+ *  - W's values are those the format's dequantize gives in float32; products are
+ *    accumulated in float32, the bias is added in float32 and y is rounded once to
+ *    `dtype` (round to nearest even).
+ *  - Any m >= 0; m = 0 or n_out = 0 writes nothing (the arguments are still checked).
+ *    Pointers to arrays of zero elements may be NULL.
+ *  - workspace (GPU entries): NULL with workspace_bytes 0 is always valid. The fastest
+ *    path takes kbit_matmul_workspace_bytes(m, k_in, n_out) bytes of device memory,
+ *    zeroed once after allocation; every call leaves it zeroed again. Calls that may run
+ *    at the same time need separate workspaces.
+ * Every entry returns KBIT_SUCCESS; KBIT_ERROR_INVALID_ARGUMENT (bad dtype, k, absmax
+ * format, tensor_scale, blocksize or ggml type; a negative size, k_in not a multiple of
+ * the block, or sizes whose bytes exceed the address space), KBIT_ERROR_NULL_POINTER,
+ * KBIT_ERROR_MISALIGNED, or a device error (KBIT_ERROR_NO_DEVICE, KBIT_ERROR_CUDA;
+ * KBIT_ERROR_NOT_SUPPORTED without CUDA). Nothing is written on failure.
+ * ------------------------------------------------------------------------------- */
+
+/*! kbit-format W: packed (kbit_packed_words(n_out * k_in, k) words, 4-byte aligned),
+ *  absmax (kbit_absmax_bytes(n_out * k_in, absmax_format) bytes, aligned to its
+ *  element), tensor_scale (finite, > 0), codebook (2^k floats; NULL: the built-in one),
+ *  k in 2..5. Asynchronous on `stream`. @return a status (see above). */
+KBIT_API kbit_status kbit_matmul_kbit(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                      kbit_dtype dtype, const uint32_t *packed,
+                                      const void *absmax, kbit_absmax_format absmax_format,
+                                      float tensor_scale, const float *codebook, int k,
+                                      const void *bias, void *y, void *workspace,
+                                      size_t workspace_bytes, kbit_stream_t stream);
+
+/*! NF4 W in bitsandbytes' layout: packed ((n_out * k_in) / 2 bytes, any alignment),
+ *  absmax (one float32 per blocksize elements, 4-byte aligned; expand a double-quantized
+ *  state first with kbit_nf4_dequantize_absmax), blocksize a power of two in 32..4096.
+ *  Asynchronous on `stream`. @return a status (see above). */
+KBIT_API kbit_status kbit_matmul_nf4(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                     kbit_dtype dtype, const uint8_t *packed,
+                                     const float *absmax, int blocksize, const void *bias,
+                                     void *y, void *workspace, size_t workspace_bytes,
+                                     kbit_stream_t stream);
+
+/*! kbit_matmul_nf4 for bitsandbytes' FP4 table. @return a status (see above). */
+KBIT_API kbit_status kbit_matmul_fp4(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                     kbit_dtype dtype, const uint8_t *packed,
+                                     const float *absmax, int blocksize, const void *bias,
+                                     void *y, void *workspace, size_t workspace_bytes,
+                                     kbit_stream_t stream);
+
+/*! GGUF W: blocks of ggml_type (KBIT_GGML_TYPE_*), n_out * k_in / block_elems blocks of
+ *  block_bytes each as stored in the file, 2-byte aligned. Asynchronous on `stream`.
+ *  @return a status (see above). */
+KBIT_API kbit_status kbit_matmul_gguf(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                      kbit_dtype dtype, int ggml_type, const void *blocks,
+                                      const void *bias, void *y, void *workspace,
+                                      size_t workspace_bytes, kbit_stream_t stream);
+
+/*! @return the bytes of device workspace that let the kbit_matmul_* entries take their
+ *  fastest path for this shape (0 when none helps), or -1 for a negative size. */
+KBIT_API int64_t kbit_matmul_workspace_bytes(int64_t m, int64_t k_in, int64_t n_out);
+
+/*! Host twin of kbit_matmul_kbit: the same arguments minus workspace, workspace_bytes
+ *  and stream, every pointer in host memory; the work is split over the CPU's cores.
+ *  @return a status (see above; KBIT_ERROR_INTERNAL if host memory for the few decoded
+ *  rows of W each thread keeps runs out). */
+KBIT_API kbit_status kbit_matmul_kbit_host(const void *x, int64_t m, int64_t k_in,
+                                           int64_t n_out, kbit_dtype dtype,
+                                           const uint32_t *packed, const void *absmax,
+                                           kbit_absmax_format absmax_format,
+                                           float tensor_scale, const float *codebook, int k,
+                                           const void *bias, void *y);
+
+/*! Host twin of kbit_matmul_nf4 (host memory, no workspace or stream).
+ *  @return a status, as kbit_matmul_kbit_host. */
+KBIT_API kbit_status kbit_matmul_nf4_host(const void *x, int64_t m, int64_t k_in,
+                                          int64_t n_out, kbit_dtype dtype,
+                                          const uint8_t *packed, const float *absmax,
+                                          int blocksize, const void *bias, void *y);
+
+/*! Host twin of kbit_matmul_fp4 (host memory, no workspace or stream).
+ *  @return a status, as kbit_matmul_kbit_host. */
+KBIT_API kbit_status kbit_matmul_fp4_host(const void *x, int64_t m, int64_t k_in,
+                                          int64_t n_out, kbit_dtype dtype,
+                                          const uint8_t *packed, const float *absmax,
+                                          int blocksize, const void *bias, void *y);
+
+/*! Host twin of kbit_matmul_gguf (host memory, no workspace or stream).
+ *  @return a status, as kbit_matmul_kbit_host. */
+KBIT_API kbit_status kbit_matmul_gguf_host(const void *x, int64_t m, int64_t k_in,
+                                           int64_t n_out, kbit_dtype dtype, int ggml_type,
+                                           const void *blocks, const void *bias, void *y);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -35,8 +35,9 @@ requires_gpu = pytest.mark.skipif(GPU_SKIP_REASON is not None,
 
 @pytest.fixture
 def rng(request):
-    # Fresh data every run, reproducible from the printed seed on failure.
-    seed = int.from_bytes(os.urandom(4), "little")
+    # Fresh data every run, reproducible from the printed seed on failure: KBIT_TEST_SEED
+    # replays one.
+    seed = int(os.environ.get("KBIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)

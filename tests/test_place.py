@@ -1,8 +1,9 @@
 """The one input-and-allocation path of every family (kbit._arrays.Place), device side,
 exercised without a GPU: a stand-in for CuPy presents host memory as CUDA arrays, and
-each launch function is run as its `_host` twin (same arguments minus the stream). So
-the device paths of kbit, bnb4 and gguf (allocation, out= checks, uploads, the stream,
-the range-flag check, the file loader) must give the CPU path's bytes."""
+each launch function is run as its `_host` twin (same arguments minus the stream, and
+minus the matmul entries' workspace). So the device paths of kbit, bnb4, gguf and
+matmul (allocation, out= checks, uploads, the stream, the range-flag check, the file
+loader) must give the CPU path's bytes."""
 import importlib
 import sys
 import types
@@ -85,9 +86,11 @@ def emulated(monkeypatch):
         host = name + "_host"
         if host not in SIGNATURES:  # a host call (of the CPU path) or no launch function
             return real_call(name, *args)
-        assert len(SIGNATURES[name][0]) == len(SIGNATURES[host][0]) + 1, name
+        n = len(SIGNATURES[host][0])  # the launch adds the stream, the matmul entries
+        assert len(args) == len(SIGNATURES[name][0]) in (n + 1, n + 3), name  # workspace too
+        assert args[n:-1] in ((), (None, 0)), name  # no workspace, 0 bytes
         launches.append((name, args[-1]))
-        real_call(host, *args[:-1])
+        real_call(host, *args[:n])
 
     monkeypatch.setattr(_arrays, "call", call)
     monkeypatch.setattr(importlib.import_module("kbit.kbit"), "call", call)
@@ -171,6 +174,41 @@ def test_gguf_device_path(rng, tmp_path, emulated):
     write_gguf(path, rng)  # with a BF16 tensor, which CuPy cannot hold
     with pytest.raises(kbit.KbitError, match="bf16.*CuPy has no bfloat16"):
         kg.load(path, device="cuda")
+
+
+def test_matmul_device_path(rng, emulated):
+    from gguf.quants import quantize as gguf_quantize
+    n_out, k_in = 7, 256
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32)
+    x = rng.standard_normal((2, 3, k_in)).astype(np.float16)
+    bias = rng.standard_normal(n_out).astype(np.float16)
+    book = np.sort(rng.standard_normal(8)).astype(np.float32)
+    blocks = np.ascontiguousarray(gguf_quantize(w, gguf.GGMLQuantizationType.Q8_0))
+    weights = [  # (host weight, the same weight on the device)
+        (kbit.quantize(w, k=3, codebook=book), kbit.quantize(FakeArray(w), k=3, codebook=book)),
+        (kbit.quantize_nf4(w, 64, compress_statistics=True),  # expanded scales
+         kbit.quantize_nf4(FakeArray(w), 64, compress_statistics=True)),
+        (kg.GGUFTensor(blocks.reshape(-1), 8, (n_out, k_in)),
+         kg.GGUFTensor(FakeArray(blocks.reshape(-1)), 8, (n_out, k_in)))]
+    for host_w, dev_w in weights:
+        want = kbit.matmul(x, host_w, bias)
+        emulated.clear()
+        y = kbit.matmul(FakeArray(x), dev_w, FakeArray(bias))
+        assert isinstance(y, FakeArray) and y.shape == (2, 3, n_out)
+        np.testing.assert_array_equal(y.host, want)
+        assert any(name.startswith("kbit_matmul_") for name, _ in emulated)
+        assert {stream for _, stream in emulated} == {STREAM}
+        out = FakeArray(np.empty((6, n_out), np.float16))
+        assert kbit.matmul(FakeArray(x), dev_w, out=out) is out
+        np.testing.assert_array_equal(out.host.reshape(want.shape), kbit.matmul(x, host_w))
+    with pytest.raises(kbit.KbitError, match="x is on the host but the weight is on the"):
+        kbit.matmul(x, dev_w)
+    with pytest.raises(kbit.KbitError, match="x is on the device but the weight is on the"):
+        kbit.matmul(FakeArray(x), host_w)
+    with pytest.raises(kbit.KbitError, match="x is on the device but bias is not"):
+        kbit.matmul(FakeArray(x), dev_w, bias)
+    with pytest.raises(kbit.KbitError, match="bias must have x's dtype"):
+        kbit.matmul(FakeArray(x), dev_w, FakeArray(bias.astype(np.float32)))
 
 
 def test_load_names_a_device_place(monkeypatch, tmp_path, rng):

@@ -225,6 +225,17 @@ KBIT_HD int element_code(const uint8_t *packed, int64_t i) {
     return static_cast<int>((i & 1) ? (byte & 15u) : (byte >> 4));
 }
 
+// The host's decoder (dequantize and the fused matmul): elements [i0, i1) of one block,
+// whose scale is a, as out[i - i0] = table[c_i] * a (element i: the high nibble of byte
+// i/2 for even i, the low nibble for odd i).
+template <class Fmt>
+inline void dequantize_elements(const uint8_t *packed, int64_t i0, int64_t i1, float a,
+                                float *out) {
+    for (int64_t i = i0; i < i1; ++i) {
+        out[i - i0] = bnb_mul(table_value(Fmt{}, element_code(packed, i)), a);
+    }
+}
+
 // ---- sizes and argument checks ----------------------------------------------------------
 
 inline bool valid_blocksize(int bs) {

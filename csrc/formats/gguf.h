@@ -229,6 +229,105 @@ struct HostLoader {
     uint32_t byte(int off) const { return p[off]; }
 };
 
+// The host's block decoder (dequantize and the fused matmul): the Fmt::kElems values
+// of the block at `block`, in ggml's element order.
+template <class Fmt>
+inline void dequantize_block_host(const uint8_t *block, float *out) {
+    constexpr int kGroup = 8;
+    const HostLoader ld{block};
+    for (int e0 = 0; e0 < Fmt::kElems; e0 += kGroup) {
+        float y[kGroup];
+        Fmt::template group<kGroup>(ld, e0, y);
+        for (int i = 0; i < kGroup; ++i) out[e0 + i] = y[i];
+    }
+}
+
+#if defined(__CUDACC__)
+// ---- device loader ----------------------------------------------------------------------
+
+// Loads N little-endian words from q, which is Align-byte aligned, with the widest
+// loads that alignment allows.
+template <int Align, int N>
+__device__ __forceinline__ void load_words(const uint8_t *q, uint32_t (&w)[N]) {
+    if constexpr (Align >= 16 && N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(q) + i);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (Align >= 8 && N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(q) + i);
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    } else if constexpr (Align >= 4) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) w[i] = __ldg(reinterpret_cast<const unsigned *>(q) + i);
+    } else {
+        const unsigned short *h = reinterpret_cast<const unsigned short *>(q);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            w[i] = static_cast<uint32_t>(__ldg(h + 2 * i)) |
+                   (static_cast<uint32_t>(__ldg(h + 2 * i + 1)) << 16);
+    }
+}
+
+// Loads N little-endian words from q with q % 4 == 2: a 2-byte load, N - 1 aligned
+// 4-byte loads and a 2-byte load (N + 1 loads instead of 2N), none outside the range.
+template <int N>
+__device__ __forceinline__ void load_words_2mod4(const uint8_t *q, uint32_t (&w)[N]) {
+    const uint32_t head = __ldg(reinterpret_cast<const unsigned short *>(q));
+    const uint32_t tail = __ldg(reinterpret_cast<const unsigned short *>(q + 4 * N - 2));
+    const unsigned *mid = reinterpret_cast<const unsigned *>(q + 2);
+    uint32_t prev = head;
+#pragma unroll
+    for (int i = 0; i < N - 1; ++i) {
+        const uint32_t m = __ldg(mid + i);
+        w[i] = __byte_perm(prev, m, 0x5410);  // low half of prev, low half of m
+        prev = m >> 16;
+    }
+    w[N - 1] = __byte_perm(prev, tail, 0x5410);
+}
+
+// Reads a block whose start is InAlign-byte aligned (see the loader interface in
+// formats/gguf.h). InAlign = 0: alignment known only at run time (210-byte blocks, or a buffer
+// that is not 16-byte aligned); the loader then tests each address and takes the
+// widest load it allows. A warp reads within one k-quant block, so the test goes the
+// same way for the whole warp.
+template <int InAlign>
+struct DeviceLoader {
+    const uint8_t *__restrict__ p;
+
+    template <int N, int OffAlign>
+    __device__ __forceinline__ void words(int off, uint32_t (&w)[N]) const {
+        const uint8_t *q = p + off;
+        if constexpr (InAlign == 0) {
+            const auto a = static_cast<unsigned>(reinterpret_cast<uintptr_t>(q));
+            if constexpr (OffAlign >= 16 && N % 4 == 0) {
+                if (a % 16 == 0) return load_words<16>(q, w);
+            }
+            if constexpr (OffAlign >= 8 && N % 2 == 0) {
+                if (a % 8 == 0) return load_words<8>(q, w);
+            }
+            if constexpr (OffAlign >= 4) {
+                if (a % 4 == 0) return load_words<4>(q, w);
+                load_words_2mod4(q, w);  // blocks are 2-byte aligned, so a % 4 == 2
+            } else {
+                load_words<2>(q, w);
+            }
+        } else {
+            load_words<(InAlign < OffAlign ? InAlign : OffAlign)>(q, w);
+        }
+    }
+    __device__ __forceinline__ uint16_t u16(int off) const {
+        return __ldg(reinterpret_cast<const unsigned short *>(p + off));
+    }
+    __device__ __forceinline__ uint32_t byte(int off) const { return __ldg(p + off); }
+};
+
+#endif  // __CUDACC__
+
 }  // namespace gguf
 }  // namespace kbit
 

@@ -129,6 +129,32 @@ inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
     return std::ldexp(1.0f, e < -126 ? -126 : e);          // max_abs / ts = limit * f
 }
 
+// ---- dequantization ---------------------------------------------------------------
+
+// What every element of block b is multiplied by: decode(absmax[b]) * tensor_scale.
+KBIT_HD float block_scale(kbit_absmax_format fmt, const void *absmax, int64_t b, float ts) {
+    return mul_rn(decode_absmax(fmt, absmax, b), ts);
+}
+
+// The code of element i (0..31) of a block: bit j is bit i of the block's word j.
+KBIT_HD uint32_t bitplane_code(const uint32_t *words, int k, int i) {
+    uint32_t c = 0;
+    for (int j = 0; j < k; ++j) c |= ((words[j] >> i) & 1u) << j;
+    return c;
+}
+
+// The codebook of a call: the caller's, or the built-in one for k when it passed NULL.
+inline const float *resolve_codebook(const float *codebook, int k) {
+    return codebook ? codebook : kNormalFloat[k];
+}
+
+// The host's block decoder (dequantize and the fused matmul): out[i] = codebook[c_i] * d
+// for the first `valid` elements of the block whose k words are `words`.
+inline void dequantize_block(const uint32_t *words, int k, const float *codebook, float d,
+                             int valid, float *out) {
+    for (int i = 0; i < valid; ++i) out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
+}
+
 // ---- nearest codebook entry ----------------------------------------------------------
 
 // The nearest codebook entry. Over the sorted distinct entries s[0..u), the midpoints
@@ -232,12 +258,21 @@ KBIT_HD void spread_codes(const uint32_t (&w)[K], int q, uint32_t &lo, uint32_t 
     }
 }
 
-// The code of element i of a block from its K bit-plane words.
-KBIT_HD uint32_t element_code(const uint32_t *w, int k, int i) {
-    uint32_t c = 0;
-    for (int j = 0; j < k; ++j) c |= ((w[j] >> i) & 1u) << j;
-    return c;
+#if defined(__CUDACC__)
+// The built-in codebooks in device memory (one copy per kernel file): a warp reads its
+// K-bit book with one coalesced load, graph-safe and with no allocation.
+struct DeviceCodebooks {
+    float v[4][kBlock];  // [K - 2][i]
+};
+constexpr DeviceCodebooks make_device_codebooks() {
+    DeviceCodebooks d{};
+    for (int k = 2; k <= 5; ++k)
+        for (int i = 0; i < (1 << k); ++i) d.v[k - 2][i] = kNormalFloat[k][i];
+    return d;
 }
+static __device__ const DeviceCodebooks g_normal_float = make_device_codebooks();
+
+#endif
 
 // ---- argument checks ---------------------------------------------------------------------
 

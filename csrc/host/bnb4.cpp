@@ -16,16 +16,12 @@ const uint32_t kRcpMinus[32] = KBIT_BNB_RCP_MINUS;
 
 float block_rcp(float a) { return bnb_rcp(a, kRcpPlus, kRcpMinus); }
 
-// Threshold and value tables, filled once from formats/bnb4.h.
+// The encoding thresholds, filled once from formats/bnb4.h.
 template <class Fmt>
 struct Tables {
     float thr[16];
-    float value[16];
     Tables() {
-        for (int i = 0; i < 16; ++i) {
-            thr[i] = threshold(Fmt{}, i);
-            value[i] = table_value(Fmt{}, i);
-        }
+        for (int i = 0; i < 16; ++i) thr[i] = threshold(Fmt{}, i);
     }
 };
 
@@ -74,15 +70,12 @@ void quantize_blocks(const void *input, int64_t n, int bs, float *absmax, uint8_
 // Writes the n outputs of blocks whose scale scale(b) gives.
 template <class T, class Fmt, class Scale>
 void dequantize_blocks(const uint8_t *packed, const Scale &scale, int64_t n, int bs, void *output) {
-    const Tables<Fmt> &tab = tables<Fmt>();
     const int64_t n_blocks = blocks_of(n, bs);
+    std::vector<float> v(bs);
     for (int64_t b = 0; b < n_blocks; ++b) {
-        const float a = scale(b);
-        const int64_t end = std::min<int64_t>(n, (b + 1) * bs);
-        for (int64_t i = b * bs; i < end; ++i) {
-            const int c = element_code(packed, i);
-            store<T>(output, i, bnb_mul(tab.value[c], a));
-        }
+        const int64_t i0 = b * bs, i1 = std::min<int64_t>(n, i0 + bs);
+        dequantize_elements<Fmt>(packed, i0, i1, scale(b), v.data());
+        for (int64_t i = i0; i < i1; ++i) store<T>(output, i, v[i - i0]);
     }
 }
 

@@ -11,20 +11,14 @@
 namespace kbit {
 namespace gguf {
 
-constexpr int kHostGroup = 8;
-
 // Dequantizes blocks [b0, b1).
 template <class Fmt, class T>
 static void dequantize_range(const uint8_t *blocks, int64_t b0, int64_t b1,
                              typename T::storage *out) {
+    float y[Fmt::kElems];
     for (int64_t b = b0; b < b1; ++b) {
-        const HostLoader ld{blocks + b * Fmt::kBytes};
-        typename T::storage *o = out + b * Fmt::kElems;
-        for (int e0 = 0; e0 < Fmt::kElems; e0 += kHostGroup) {
-            float y[kHostGroup];
-            Fmt::template group<kHostGroup>(ld, e0, y);
-            for (int i = 0; i < kHostGroup; ++i) o[e0 + i] = store_cast(T{}, y[i]);
-        }
+        dequantize_block_host<Fmt>(blocks + b * Fmt::kBytes, y);
+        for (int i = 0; i < Fmt::kElems; ++i) out[b * Fmt::kElems + i] = store_cast(T{}, y[i]);
     }
 }
 

@@ -43,10 +43,6 @@ SearchTable build_search_table(const float *cb, int m) {
     return tab;
 }
 
-const float *resolve_codebook(const float *codebook, int k) {
-    return codebook ? codebook : kNormalFloat[k];
-}
-
 // What quantize_block reports about a block that the format cannot hold.
 enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
 
@@ -169,12 +165,11 @@ kbit_status dequantize_kbit_host(const uint32_t *packed, const void *absmax, kbi
     auto *out = static_cast<typename T::storage *>(output);
     const int64_t blocks = blocks_of(n, kBlock);
     parallel_for(blocks, kBlocksPerThread, [&](int64_t first, int64_t last) {
+        float v[kBlock];
         for (int64_t b = first; b < last; ++b) {
-            const float d = mul_rn(decode_absmax(fmt, absmax, b), ts);
-            const uint32_t *w = packed + b * K;
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
-            for (int i = 0; i < valid; ++i)
-                out[b * kBlock + i] = store_cast(T{}, mul_rn(cb[element_code(w, K, i)], d));
+            dequantize_block(packed + b * K, K, cb, block_scale(fmt, absmax, b, ts), valid, v);
+            for (int i = 0; i < valid; ++i) out[b * kBlock + i] = store_cast(T{}, v[i]);
         }
     });
     return KBIT_SUCCESS;

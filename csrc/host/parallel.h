@@ -8,14 +8,18 @@
 
 namespace kbit {
 
+// The most threads parallel_for uses: the machine's cores, at most 32.
+inline int64_t max_threads() {
+    return std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), 32);
+}
+
 // Runs body(first, last) over [0, count) split across the machine's cores (at most 32
 // threads, each with at least min_per_thread items; the split never changes a result
 // because the items are independent). If a thread cannot be started, the calling thread
 // does its share. body must not throw.
 template <class Body>
 void parallel_for(int64_t count, int64_t min_per_thread, Body &&body) {
-    const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
-    const int64_t threads = std::min<int64_t>(std::min<int64_t>(hw, 32), count / min_per_thread);
+    const int64_t threads = std::min<int64_t>(max_threads(), count / min_per_thread);
     if (threads <= 1) {
         body(int64_t{0}, count);
         return;

@@ -44,19 +44,6 @@ constexpr int kDequantTiles = 2;
 
 __device__ unsigned int g_range_flag;  // raised by a quantizer on an out-of-range block
 
-// The built-in codebooks in device memory: a warp reads its K-bit book with one
-// coalesced load, graph-safe and with no allocation.
-struct DeviceCodebooks {
-    float v[4][kBlock];  // [K - 2][i]
-};
-constexpr DeviceCodebooks make_device_codebooks() {
-    DeviceCodebooks d{};
-    for (int k = 2; k <= 5; ++k)
-        for (int i = 0; i < (1 << k); ++i) d.v[k - 2][i] = kNormalFloat[k][i];
-    return d;
-}
-__device__ const DeviceCodebooks g_normal_float = make_device_codebooks();
-
 // Packs 8 floats into 16 bytes of T: one 16-byte store. (A plain assignment through a
 // uint4 pointer compiled to four 4-byte stores here, which cost 5-20% of bandwidth.)
 template <class T>

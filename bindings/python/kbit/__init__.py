@@ -10,9 +10,10 @@ from .bnb4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf
                    quantize_4bit, quantize_fp4, quantize_nf4)
 from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
 from .gguf import GGUFTensor
+from .matmul import matmul
 
 __all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
            "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
-           "dequantize_nf4", "gguf", "quantize", "quantize_4bit", "quantize_fp4",
+           "dequantize_nf4", "gguf", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
            "quantize_nf4", "version"]
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """Every C function's ctypes signature in one table: SIGNATURES[name] = (argtypes,
 restype), built from the same lists as the C instances (include/kbit.h, SPEC sections
 4 and 6). _lib.function() applies it on first use, so a symbol the loaded library lacks
-(an older build, the matmul entries before they land) only fails when it is called.
+(an older build) only fails when it is called.
 """
 from __future__ import annotations
 

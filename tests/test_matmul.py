@@ -1,0 +1,661 @@
+"""Fused dequantize + matmul (SPEC section 6), every format, CPU and GPU.
+
+Accuracy rule (the issue's): the relative Frobenius error of y against a float64
+reference -- x as given, W dequantized by kbit.reference's numpy dequantizer of the
+format, y_ref = x64 @ W64.T + bias -- is at most 3e-3 for fp16 x, 1e-2 for bf16 and 2e-5
+for fp32, at k_in up to 28672. Outputs are poisoned with NaN before every call, so a
+finite result shows every element was written. Bad arguments through ctypes return the
+right status, leave a message and leave y untouched.
+"""
+import ctypes
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf.quants import quantize as gguf_quantize
+
+import kbit
+from kbit import reference as R
+from kbit._lib import KbitError, function, lib
+from kbit.reference.kbit import bf16_bits_to_float32, float32_to_bf16_bits
+
+from conftest import requires_gpu
+
+DTYPES = ("float32", "float16", "bfloat16")
+DT_ID = {"float32": 0, "float16": 1, "bfloat16": 2}
+NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+TOL = {"float32": 2e-5, "float16": 3e-3, "bfloat16": 1e-2}
+KS = (2, 3, 4, 5)
+FORMATS = ("fp32", "fp16", "e4m4")
+FMT_ID = {"fp32": 0, "fp16": 1, "e4m4": 2}
+BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+GGUF_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+GGML_ID = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# (m, n_out): n_out never a multiple of a tile; m = 0..8 and a few larger
+SHAPES = ((1, 1), (0, 7), (2, 33), (3, 131), (4, 7), (5, 1), (6, 33), (7, 7), (8, 131),
+          (16, 33), (33, 7), (64, 1))
+S_OK, S_INVALID, S_NULL, S_MISALIGNED = 0, 1, 2, 3
+BIG_K_IN = 28672
+
+
+# ---- data and reference ----------------------------------------------------------------
+
+def as_dtype(x32, dtype):
+    """float32 values as the library's element type (bfloat16: uint16 bits)."""
+    if dtype == "bfloat16":
+        return float32_to_bf16_bits(x32)
+    return x32.astype(NP_DT[dtype])
+
+
+def as_f64(a, dtype):
+    a = np.asarray(a)
+    if dtype == "bfloat16":
+        return bf16_bits_to_float32(a).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def random_x(rng, shape, dtype):
+    return as_dtype(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+def magnitude(x, w64, dtype):
+    """||x| |W|^T|_F / sqrt(k_in): the size of y's terms before any cancellation."""
+    x64 = np.abs(as_f64(x, dtype)).reshape(-1, w64.shape[1])
+    return float(np.linalg.norm(x64 @ np.abs(w64).T) / np.sqrt(max(w64.shape[1], 1)))
+
+
+def reference(x, w64, bias, dtype):
+    """y_ref = x64 @ W64.T + bias in float64, x and bias as given."""
+    x64 = as_f64(x, dtype)
+    y = x64.reshape(-1, w64.shape[1]) @ w64.T
+    if bias is not None:
+        y = y + as_f64(bias, dtype)
+    return y.reshape(x.shape[:-1] + (w64.shape[0],))
+
+
+def poisoned(shape, dtype):
+    """A NaN-filled output (bfloat16: NaN bits)."""
+    if dtype == "bfloat16":
+        return np.full(shape, 0x7FC0, np.uint16)
+    return np.full(shape, np.nan, NP_DT[dtype])
+
+
+def check_accuracy(y, y_ref, dtype, what="", scale=None):
+    """Relative Frobenius error of y against y_ref. scale: the Frobenius norm that the
+    terms of y would have without cancellation (||x| |W|^T| / sqrt(k_in)); with only a few
+    outputs, y_ref can cancel far below it by chance (one output of 6144 random terms
+    once came out 4x below), and then float32 rounding that is right for the sum looks
+    large next to the result. The error is taken relative to the larger of the two."""
+    got = as_f64(y, dtype)
+    assert got.shape == y_ref.shape
+    assert np.all(np.isfinite(got)), f"{what}: an element of y was not written (or is not finite)"
+    ref_norm = max(np.linalg.norm(y_ref), scale or 0.0)
+    if y_ref.size == 0 or ref_norm == 0:
+        assert np.array_equal(got, y_ref)
+        return
+    err = np.linalg.norm(got - y_ref) / ref_norm
+    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]} ({dtype})"
+
+
+# ---- weights of every format: (container, W in float64 by the numpy reference) ----------
+
+def kbit_weight(rng, n_out, k_in, k, fmt, codebook=None, tensor_scale=None):
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32)
+    if tensor_scale == "custom":  # not a power of two, and never 1
+        limit = {"fp32": 1.0, "fp16": 1.0, "e4m4": 17.3}[fmt]
+        tensor_scale = float(np.float32(np.abs(w).max() / limit * 1.37))
+    q = kbit.quantize(w, k=k, absmax=fmt, codebook=codebook, tensor_scale=tensor_scale)
+    w64 = R.dequantize_kbit(q.packed, q.absmax, k, w.size, codebook, fmt, q.tensor_scale)
+    return q, w64.astype(np.float64).reshape(n_out, k_in)
+
+
+def bnb4_weight(rng, n_out, k_in, quant_type, blocksize, nested=False):
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32)
+    q = kbit.quantize_4bit(w, quant_type, blocksize, compress_statistics=nested)
+    n = w.size
+    if nested:
+        w32 = R.nf4.dequantize_4bit_dq(q.packed, q.absmax, q.absmax2, q.offset[0], n,
+                                       quant_type, blocksize)
+    else:
+        w32 = R.nf4.dequantize_4bit(q.packed, q.absmax, n, quant_type, blocksize)
+    return q, w32.astype(np.float64).reshape(n_out, k_in)
+
+
+# byte offsets of the fp16 scale fields of the k-quants, and a scale that keeps |W| ~ 1
+K_QUANT_SCALES = {"Q4_K": ([0, 2], 2e-3), "Q5_K": ([0, 2], 1e-3), "Q6_K": ([208], 1e-3)}
+
+
+def gguf_blocks(rng, qtype, n_out, k_in):
+    """Blocks of a (n_out, k_in) tensor: the gguf package's quantizer where it has one,
+    else random valid blocks with moderate finite scales."""
+    elems, nbytes = R.GGML_BLOCK_INFO[qtype]
+    if qtype in ("Q4_0", "Q8_0"):
+        w = rng.standard_normal((n_out, k_in)).astype(np.float32)
+        return np.ascontiguousarray(gguf_quantize(w, GT[qtype])).reshape(-1)
+    n_blocks = n_out * k_in // elems
+    raw = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
+    offsets, scale = K_QUANT_SCALES[qtype]
+    for off in offsets:
+        vals = (rng.uniform(0.5, 1.5, n_blocks) * scale).astype(np.float16)
+        raw[:, off:off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(-1)
+
+
+def gguf_weight(rng, n_out, k_in, qtype):
+    raw = gguf_blocks(rng, qtype, n_out, k_in)
+    w = types.SimpleNamespace(blocks=raw, ggml_type=GGML_ID[qtype], shape=(n_out, k_in))
+    return w, R.dequantize_gguf(raw, qtype).astype(np.float64).reshape(n_out, k_in)
+
+
+def block_of(qtype):
+    return R.GGML_BLOCK_INFO[qtype][0]
+
+
+def run_host(rng, w, w64, m, dtype, with_bias, what):
+    n_out, k_in = w64.shape
+    x = random_x(rng, (m, k_in), dtype)
+    bias = random_x(rng, (n_out,), dtype) if with_bias else None
+    out = poisoned((m, n_out), dtype)
+    y = kbit.matmul(x, w, bias, dtype=dtype if dtype == "bfloat16" else None, out=out)
+    assert y is out
+    check_accuracy(y, reference(x, w64, bias, dtype), dtype, what, magnitude(x, w64, dtype))
+    return x, bias, y
+
+
+# ---- the CPU implementation against the reference ---------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", KS)
+def test_kbit_host(rng, k, fmt, dtype):
+    for i, (m, n_out) in enumerate(SHAPES):
+        k_in = 32 * int(rng.integers(1, 12))
+        codebook = None
+        if i % 3 == 1:  # a random sorted codebook, carried by the container
+            codebook = np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
+        ts = "custom" if i % 4 == 2 else None
+        w, w64 = kbit_weight(rng, n_out, k_in, k, fmt, codebook, ts)
+        if ts == "custom":
+            assert w.tensor_scale != 1.0
+        run_host(rng, w, w64, m, dtype, i % 2 == 0,
+                 f"k={k} {fmt} m={m} n_out={n_out} k_in={k_in} cb={codebook is not None} ts={ts}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocksize", BLOCKSIZES)
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_4bit_host(rng, quant_type, blocksize, dtype):
+    for i, (m, n_out) in enumerate(SHAPES[:6]):
+        k_in = blocksize * int(rng.integers(1, 4))
+        nested = i % 3 == 2
+        w, w64 = bnb4_weight(rng, n_out, k_in, quant_type, blocksize, nested)
+        run_host(rng, w, w64, m, dtype, i % 2 == 0,
+                 f"{quant_type} bs={blocksize} m={m} n_out={n_out} k_in={k_in} nested={nested}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_4bit_nested_host(rng, quant_type, dtype):
+    # double-quantized states with more than one 256-block of scales
+    w, w64 = bnb4_weight(rng, 131, 1024, quant_type, 64, nested=True)
+    assert w.nested and w.absmax2.size > 1
+    run_host(rng, w, w64, 5, dtype, True, f"{quant_type} nested")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_gguf_host(rng, qtype, dtype):
+    for i, (m, n_out) in enumerate(SHAPES):
+        k_in = block_of(qtype) * int(rng.integers(1, 4 if block_of(qtype) == 256 else 12))
+        w, w64 = gguf_weight(rng, n_out, k_in, qtype)
+        run_host(rng, w, w64, m, dtype, i % 2 == 1, f"{qtype} m={m} n_out={n_out} k_in={k_in}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["kbit", "nf4", "Q4_K"])
+def test_large_k_in_host(rng, family, dtype):
+    m, n_out, k_in = 3, 7, BIG_K_IN
+    if family == "kbit":
+        w, w64 = kbit_weight(rng, n_out, k_in, 4, "e4m4")
+    elif family == "nf4":
+        w, w64 = bnb4_weight(rng, n_out, k_in, "nf4", 64)
+    else:
+        w, w64 = gguf_weight(rng, n_out, k_in, family)
+    run_host(rng, w, w64, m, dtype, True, f"{family} k_in={k_in}")
+
+
+def test_rows_are_independent_and_deterministic(rng):
+    # any fixed order: a row of y does not depend on m, on the other rows or on the
+    # split over threads, and a second call gives the same bits
+    n_out, k_in = 131, 4096
+    w, _ = kbit_weight(rng, n_out, k_in, 3, "fp16")
+    x = random_x(rng, (64, k_in), "float32")
+    y = kbit.matmul(x, w)
+    assert np.array_equal(y.view(np.uint32), kbit.matmul(x, w).view(np.uint32))
+    for i in (0, 17, 63):
+        assert np.array_equal(kbit.matmul(x[i], w).view(np.uint32), y[i].view(np.uint32))
+
+
+def test_shapes_and_leading_dims(rng):
+    w, w64 = kbit_weight(rng, 7, 64, 4, "e4m4")
+    x = random_x(rng, (2, 3, 64), "float16")
+    y = kbit.matmul(x, w)
+    assert y.shape == (2, 3, 7) and y.dtype == np.float16
+    check_accuracy(y, reference(x, w64, None, "float16"), "float16")
+    y1 = kbit.matmul(x[0, 0], w)
+    assert y1.shape == (7,) and np.array_equal(y1, y[0, 0])
+    y0 = kbit.matmul(np.zeros((0, 64), np.float32), w)
+    assert y0.shape == (0, 7)
+    # k_in = 0 is a valid empty weight: y = bias
+    w_empty, _ = kbit_weight(rng, 5, 0, 4, "e4m4")
+    bias = random_x(rng, (5,), "float32")
+    assert np.array_equal(kbit.matmul(np.zeros((3, 0), np.float32), w_empty, bias),
+                          np.broadcast_to(bias, (3, 5)))
+
+
+def test_python_errors(rng):
+    w, _ = kbit_weight(rng, 7, 64, 4, "e4m4")
+    x = random_x(rng, (3, 64), "float16")
+    with pytest.raises(KbitError, match="shape"):
+        kbit.matmul(random_x(rng, (3, 32), "float16"), w)
+    with pytest.raises(KbitError, match="dtype"):
+        kbit.matmul(x, w, random_x(rng, (7,), "float32"))  # bias of another dtype
+    with pytest.raises(KbitError, match="bias"):
+        kbit.matmul(x, w, random_x(rng, (8,), "float16"))
+    with pytest.raises(KbitError, match="bfloat16"):
+        kbit.matmul(x.view(np.uint16), w)  # uint16 without dtype='bfloat16'
+    with pytest.raises(KbitError):
+        kbit.matmul(x.astype(np.float64), w)
+    with pytest.raises(KbitError):
+        kbit.matmul(x, w, dtype="float32")  # x is float16
+    with pytest.raises(KbitError, match="2-D"):
+        kbit.matmul(x, dataclasses.replace(w, shape=(7 * 64,)))
+    with pytest.raises(KbitError):
+        kbit.matmul(x, np.zeros((7, 64), np.float32))  # not a quantized container
+    g, _ = gguf_weight(rng, 7, 64, "Q4_0")
+    with pytest.raises(KbitError, match="multiple"):
+        kbit.matmul(random_x(rng, (3, 48), "float32"),
+                    types.SimpleNamespace(blocks=g.blocks, ggml_type=2, shape=(7, 48)))
+    with pytest.raises(KbitError, match="bytes"):
+        kbit.matmul(random_x(rng, (3, 64), "float32"),
+                    types.SimpleNamespace(blocks=g.blocks[:-1], ggml_type=2, shape=(7, 64)))
+    with pytest.raises(KbitError):
+        kbit.matmul(x, dataclasses.replace(w, absmax=w.absmax[:-1]))
+
+
+# ---- bad arguments through ctypes ---------------------------------------------------------
+
+GUARD = 32  # poisoned bytes around y
+POISON = 0xA7
+
+
+class HostCall:
+    """A valid call of one family's _host entry, whose arguments a test changes one at a
+    time; y sits between poisoned guards so that any write shows."""
+
+    def __init__(self, rng, family, dtype="float16", m=3, n_out=5, absmax_format="fp16"):
+        self.family, self.dtype = family, dtype
+        self.block = {"kbit": 32, "nf4": 64, "fp4": 64}.get(family) or block_of(family)
+        k_in = 2 * self.block
+        elem = np.dtype(NP_DT[dtype]).itemsize
+        self.x = random_x(rng, (m, k_in), dtype)
+        self.bias = random_x(rng, (n_out,), dtype)
+        self.ybuf = np.full(m * n_out * elem + 2 * GUARD, POISON, np.uint8)
+        base = (-self.ybuf.ctypes.data) % 16
+        self.ybuf = self.ybuf[base:base + m * n_out * elem + 2 * GUARD]
+        y = self.ybuf.ctypes.data + GUARD
+        if family == "kbit":
+            self.w, _ = kbit_weight(rng, n_out, k_in, 4, absmax_format)
+            self.codebook = R.create_normal_float_codebook(4)
+            fmt = [("packed", self.w.packed.ctypes.data), ("absmax", self.w.absmax.ctypes.data),
+                   ("absmax_format", FMT_ID[absmax_format]),
+                   ("tensor_scale", ctypes.c_float(self.w.tensor_scale)),
+                   ("codebook", self.codebook.ctypes.data), ("k", 4)]
+        elif family in ("nf4", "fp4"):
+            self.w, _ = bnb4_weight(rng, n_out, k_in, family, 64)
+            fmt = [("packed", self.w.packed.ctypes.data), ("absmax", self.w.absmax.ctypes.data),
+                   ("blocksize", 64)]
+        else:
+            self.w, _ = gguf_weight(rng, n_out, k_in, family)
+            fmt = [("ggml_type", GGML_ID[family]), ("blocks", self.w.blocks.ctypes.data)]
+        self.args = dict([("x", self.x.ctypes.data), ("m", m), ("k_in", k_in), ("n_out", n_out),
+                          ("dtype", DT_ID[dtype])] + fmt + [("bias", self.bias.ctypes.data),
+                                                            ("y", y)])
+        self.name = f"kbit_matmul_{'gguf' if family in GGUF_TYPES else family}_host"
+
+    def __call__(self, **changes):
+        args = dict(self.args, **changes)
+        return function(self.name)(*args.values())
+
+    def untouched(self):
+        return np.all(self.ybuf == POISON)
+
+
+def bad_cases(call):
+    """(changes, expected status) for every kind of bad argument of call's family."""
+    a, blk = call.args, call.block
+    cases = [
+        (dict(k_in=a["k_in"] + blk // 2), S_INVALID),
+        (dict(k_in=a["k_in"] - 1), S_INVALID),
+        (dict(m=-1), S_INVALID), (dict(n_out=-1), S_INVALID), (dict(k_in=-blk), S_INVALID),
+        (dict(dtype=3), S_INVALID), (dict(dtype=-1), S_INVALID),
+        (dict(m=2 ** 62), S_INVALID),                       # x's bytes overflow
+        (dict(n_out=2 ** 62), S_INVALID),                   # y's and W's bytes overflow
+        (dict(m=1, n_out=2 ** 62 // blk), S_INVALID),       # W's elements overflow
+        (dict(x=None), S_NULL), (dict(y=None), S_NULL),
+        (dict(x=a["x"] + 1), S_MISALIGNED), (dict(y=a["y"] + 1), S_MISALIGNED),
+        (dict(bias=a["bias"] + 1), S_MISALIGNED),
+    ]
+    if call.family == "kbit":
+        cases += [(dict(packed=None), S_NULL), (dict(absmax=None), S_NULL),
+                  (dict(packed=a["packed"] + 2), S_MISALIGNED),
+                  (dict(absmax=a["absmax"] + 1), S_MISALIGNED),  # fp16 scales
+                  (dict(codebook=a["codebook"] + 2), S_MISALIGNED),
+                  (dict(k=1), S_INVALID), (dict(k=6), S_INVALID), (dict(k=-2 ** 31), S_INVALID),
+                  (dict(absmax_format=3), S_INVALID), (dict(absmax_format=-1), S_INVALID)]
+        cases += [(dict(tensor_scale=ctypes.c_float(v)), S_INVALID)
+                  for v in (0.0, -1.0, float("nan"), float("inf"))]
+    elif call.family in ("nf4", "fp4"):
+        cases += [(dict(packed=None), S_NULL), (dict(absmax=None), S_NULL),
+                  (dict(absmax=a["absmax"] + 2), S_MISALIGNED)]
+        cases += [(dict(blocksize=b), S_INVALID) for b in (0, 16, 48, 96, 8192, -64)]
+    else:
+        cases += [(dict(blocks=None), S_NULL), (dict(blocks=a["blocks"] + 1), S_MISALIGNED)]
+        cases += [(dict(ggml_type=t), S_INVALID) for t in (0, 1, 3, 10, 15, 99, -1)]
+    return cases
+
+
+@pytest.mark.parametrize("family", ["kbit", "nf4", "fp4"] + list(GGUF_TYPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_host_bad_arguments(rng, family, dtype):
+    call = HostCall(rng, family, dtype)
+    for changes, want in bad_cases(call):
+        status = call(**changes)
+        assert status == want, f"{changes}: status {status}, expected {want}"
+        assert lib().kbit_last_error_message(), f"{changes}: no error message"
+        assert call.untouched(), f"{changes}: y was written by a rejected call"
+    # the valid call writes exactly y, and clears the message
+    assert call() == S_OK
+    assert lib().kbit_last_error_message() == b""
+    assert np.all(call.ybuf[:GUARD] == POISON) and np.all(call.ybuf[-GUARD:] == POISON)
+    assert not np.all(call.ybuf[GUARD:-GUARD] == POISON)
+
+
+@pytest.mark.parametrize("family", ["kbit", "nf4", "Q6_K"])
+def test_host_empty_calls(rng, family):
+    call = HostCall(rng, family)
+    # m = 0 or n_out = 0: nothing written; pointers to empty arrays may be NULL
+    assert call(m=0) == S_OK and call.untouched()
+    assert call(m=0, x=None, y=None, bias=None) == S_OK and call.untouched()
+    assert call(n_out=0) == S_OK and call.untouched()
+    w_args = {k: None for k in ("packed", "absmax", "codebook", "blocks") if k in call.args}
+    assert call(n_out=0, x=None, y=None, bias=None, **w_args) == S_OK and call.untouched()
+    # ...but W's pointers are checked whenever W has elements
+    if w_args:
+        assert call(m=0, x=None, y=None, **w_args) == S_NULL and call.untouched()
+    # bias NULL is always valid
+    assert call(bias=None) == S_OK
+
+
+# ---- the GPU implementation -----------------------------------------------------------------
+
+def cuda(a):
+    """A numpy array as a CUDA tensor holding the same bytes."""
+    import torch
+    a = np.ascontiguousarray(a)
+    same_size = {np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16}
+    return torch.from_numpy(a.view(same_size.get(a.dtype, a.dtype))).cuda()
+
+
+def cuda_x(x, dtype):
+    import torch
+    t = cuda(x)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+def from_cuda(t, dtype):
+    """A CUDA result as numpy (bfloat16: uint16 bits)."""
+    import torch
+    t = t.detach().cpu()
+    if dtype == "bfloat16":
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def poisoned_cuda(shape, dtype):
+    import torch
+    return torch.full(shape, float("nan"), dtype=getattr(torch, dtype), device="cuda")
+
+
+def to_device(w):
+    """The same weight with its arrays on the GPU (small host state stays as it is)."""
+    if isinstance(w, kbit.QuantizedTensor):
+        return dataclasses.replace(w, packed=cuda(w.packed), absmax=cuda(w.absmax))
+    if isinstance(w, kbit.Quantized4bit):
+        q = dataclasses.replace(w, packed=cuda(w.packed), absmax=cuda(w.absmax))
+        if w.nested:
+            q.absmax2, q.offset = cuda(w.absmax2), cuda(w.offset)
+        return q
+    return types.SimpleNamespace(blocks=cuda(w.blocks), ggml_type=w.ggml_type, shape=w.shape)
+
+
+def gpu_case(rng, family, n_out, k_in, **kw):
+    if family == "kbit":
+        return kbit_weight(rng, n_out, k_in, kw.get("k", 4), kw.get("fmt", "e4m4"),
+                           kw.get("codebook"), kw.get("tensor_scale"))
+    if family in ("nf4", "fp4"):
+        return bnb4_weight(rng, n_out, k_in, family, kw.get("blocksize", 64),
+                           kw.get("nested", False))
+    return gguf_weight(rng, n_out, k_in, family)
+
+
+def check_gpu(rng, w, w64, m, dtype, with_bias, what):
+    """kbit.matmul on CUDA tensors: within the bound of the reference, close to the host."""
+    import torch
+    n_out, k_in = w64.shape
+    x = random_x(rng, (m, k_in), dtype)
+    bias = random_x(rng, (n_out,), dtype) if with_bias else None
+    out = poisoned_cuda((m, n_out), dtype)
+    y_t = kbit.matmul(cuda_x(x, dtype), to_device(w),
+                      cuda_x(bias, dtype) if bias is not None else None, out=out)
+    assert y_t is out and y_t.is_cuda
+    torch.cuda.synchronize()
+    y = from_cuda(y_t, dtype)
+    y_ref = reference(x, w64, bias, dtype)
+    check_accuracy(y, y_ref, dtype, "GPU " + what, magnitude(x, w64, dtype))
+    y_host = kbit.matmul(x, w, bias, dtype=dtype if dtype == "bfloat16" else None)
+    if y_ref.size:
+        diff = np.linalg.norm(as_f64(y, dtype) - as_f64(y_host, dtype))
+        assert diff <= TOL[dtype] * max(np.linalg.norm(y_ref), 1e-30), f"GPU vs host: {what}"
+
+
+GPU_FAMILIES = ["kbit", "nf4", "fp4"] + list(GGUF_TYPES)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_gpu_matches_reference_and_host(rng, family, dtype):
+    block = {"kbit": 32, "nf4": 64, "fp4": 64}.get(family) or block_of(family)
+    for i, (m, n_out) in enumerate(SHAPES):
+        k_in = block * int(rng.integers(1, 5))
+        kw = {}
+        if family == "kbit":
+            k = KS[i % 4]
+            kw = dict(k=k, fmt=FORMATS[i % 3], tensor_scale="custom" if i % 4 == 3 else None,
+                      codebook=np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
+                      if i % 3 == 1 else None)
+        elif family in ("nf4", "fp4"):
+            kw = dict(blocksize=BLOCKSIZES[i % 8], nested=i % 3 == 2)
+            k_in = kw["blocksize"] * int(rng.integers(1, 3))
+        w, w64 = gpu_case(rng, family, n_out, k_in, **kw)
+        check_gpu(rng, w, w64, m, dtype, i % 2 == 0, f"{family} {kw} m={m} n_out={n_out}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["kbit", "nf4", "Q4_K", "Q8_0"])
+def test_gpu_large_k_in(rng, family, dtype):
+    for m, n_out in ((1, 131), (8, 33), (64, 7)):
+        w, w64 = gpu_case(rng, family, n_out, BIG_K_IN)
+        check_gpu(rng, w, w64, m, dtype, True, f"{family} k_in={BIG_K_IN} m={m}")
+
+
+def _gpu_kbit_args(w, x_t, bias_t, y_t, m, dtype):
+    """The C arguments of kbit_matmul_kbit up to y, for a device kbit weight."""
+    n_out, k_in = w.shape
+    return [x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], w.packed.data_ptr(),
+            w.absmax.data_ptr(), FMT_ID[w.absmax_format], ctypes.c_float(w.tensor_scale),
+            None, w.k, bias_t.data_ptr() if bias_t is not None else None, y_t.data_ptr()]
+
+
+def workspace_bytes(m, k_in, n_out):
+    return int(function("kbit_matmul_workspace_bytes")(m, k_in, n_out))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_workspace(rng, dtype):
+    import torch
+    for m, n_out, k_in in ((1, 131, 4096), (8, 7, 1024), (64, 33, 2048), (3, 1, BIG_K_IN)):
+        w, w64 = kbit_weight(rng, n_out, k_in, 4, "e4m4")
+        wd = to_device(w)
+        x = random_x(rng, (m, k_in), dtype)
+        bias = random_x(rng, (n_out,), dtype)
+        x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
+        y_ref = reference(x, w64, bias, dtype)
+        nbytes = workspace_bytes(m, k_in, n_out)
+        assert nbytes >= 0
+        ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        for use_ws in (False, True, True):  # twice: the workspace must come back zeroed
+            y_t = poisoned_cuda((m, n_out), dtype)
+            args = _gpu_kbit_args(wd, x_t, b_t, y_t, m, dtype)
+            ws_args = [ws.data_ptr(), nbytes] if use_ws and nbytes else [None, 0]
+            assert function("kbit_matmul_kbit")(*args, *ws_args, stream) == S_OK, \
+                lib().kbit_last_error_message()
+            torch.cuda.synchronize()
+            check_accuracy(from_cuda(y_t, dtype), y_ref, dtype, f"workspace={use_ws} m={m}")
+            assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+
+
+@requires_gpu
+def test_gpu_graph_capture(rng):
+    import torch
+    dtype, m, n_out, k_in = "float16", 4, 131, 2048
+    w, w64 = kbit_weight(rng, n_out, k_in, 3, "e4m4")
+    wd = to_device(w)
+    x = random_x(rng, (m, k_in), dtype)
+    x_t = cuda_x(x, dtype)
+    y_t = poisoned_cuda((m, n_out), dtype)
+    nbytes = workspace_bytes(m, k_in, n_out)
+    ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+    fn = function("kbit_matmul_kbit")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        assert fn(*_gpu_kbit_args(wd, x_t, None, y_t, m, dtype), ws.data_ptr(), nbytes,
+                  side.cuda_stream) == S_OK
+    torch.cuda.synchronize()
+    y_t.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        status = fn(*_gpu_kbit_args(wd, x_t, None, y_t, m, dtype), ws.data_ptr(), nbytes,
+                    torch.cuda.current_stream().cuda_stream)
+    assert status == S_OK, lib().kbit_last_error_message()
+    torch.cuda.synchronize()
+    assert torch.isnan(y_t).all(), "the captured call ran during capture"
+    for _ in range(2):  # new x between replays
+        x = random_x(rng, (m, k_in), dtype)
+        x_t.copy_(cuda_x(x, dtype))
+        y_t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_accuracy(from_cuda(y_t, dtype), reference(x, w64, None, dtype), dtype, "graph")
+        assert int(torch.count_nonzero(ws)) == 0
+
+
+@requires_gpu
+def test_gpu_two_streams(rng):
+    import torch
+    dtype = "bfloat16"
+    cases = []
+    for family, n_out, k_in in (("kbit", 131, 4096), ("Q6_K", 33, 8192)):
+        w, w64 = gpu_case(rng, family, n_out, k_in)
+        x = random_x(rng, (16, k_in), dtype)
+        cases.append((to_device(w), w64, x, cuda_x(x, dtype), torch.cuda.Stream()))
+    torch.cuda.synchronize()  # the uploads (on the default stream) are done
+    outs = []
+    for _ in range(3):
+        pending = []
+        for wd, _, _, x_t, stream in cases:
+            with torch.cuda.stream(stream):
+                pending.append(kbit.matmul(x_t, wd))  # on each stream's own queue
+        torch.cuda.synchronize()
+        outs.append([from_cuda(y, dtype) for y in pending])
+    for j, (_, w64, x, _, _) in enumerate(cases):
+        for run in outs:
+            check_accuracy(run[j], reference(x, w64, None, dtype), dtype, f"stream {j}")
+        assert all(np.array_equal(run[j], outs[0][j]) for run in outs), "not deterministic"
+
+
+@requires_gpu
+def test_gpu_bad_arguments_and_empty_calls(rng):
+    import torch
+    dtype, m, n_out, k_in = "float16", 3, 5, 64
+    w, _ = kbit_weight(rng, n_out, k_in, 4, "fp16")
+    wd = to_device(w)
+    x_t = cuda_x(random_x(rng, (m, k_in), dtype), dtype)
+    ybuf = torch.full((m * n_out + 16,), float("nan"), dtype=torch.float16, device="cuda")
+    y_t = ybuf[8:8 + m * n_out]
+    fn = function("kbit_matmul_kbit")
+    stream = torch.cuda.current_stream().cuda_stream
+    base = _gpu_kbit_args(wd, x_t, None, y_t, m, dtype)
+    names = ["x", "m", "k_in", "n_out", "dtype", "packed", "absmax", "absmax_format",
+             "tensor_scale", "codebook", "k", "bias", "y"]
+
+    def run(**changes):
+        args = dict(zip(names, base), **changes)
+        return fn(*args.values(), None, 0, stream)
+
+    for changes, want in [(dict(k_in=48), S_INVALID), (dict(dtype=3), S_INVALID),
+                          (dict(k=6), S_INVALID), (dict(absmax_format=7), S_INVALID),
+                          (dict(tensor_scale=ctypes.c_float(0.0)), S_INVALID),
+                          (dict(m=-1), S_INVALID), (dict(x=None), S_NULL),
+                          (dict(y=None), S_NULL), (dict(packed=None), S_NULL),
+                          (dict(x=base[0] + 1), S_MISALIGNED), (dict(y=base[12] + 1), S_MISALIGNED),
+                          (dict(packed=base[5] + 2), S_MISALIGNED)]:
+        assert run(**changes) == want, changes
+        assert lib().kbit_last_error_message()
+    assert run(m=0, x=None, y=None) == S_OK
+    assert run(n_out=0) == S_OK
+    torch.cuda.synchronize()
+    assert torch.isnan(ybuf).all(), "a rejected or empty call wrote y"
+    # the other families' entries check their own arguments too
+    nf4_w, _ = bnb4_weight(rng, n_out, k_in, "nf4", 64)
+    nd = to_device(nf4_w)
+    assert function("kbit_matmul_nf4")(x_t.data_ptr(), m, k_in, n_out, 1, nd.packed.data_ptr(),
+                                       nd.absmax.data_ptr(), 48, None, y_t.data_ptr(), None, 0,
+                                       stream) == S_INVALID
+    g, _ = gguf_weight(rng, n_out, 256, "Q4_K")
+    gd = to_device(g)
+    x256 = cuda_x(random_x(rng, (m, 256), dtype), dtype)
+    assert function("kbit_matmul_gguf")(x256.data_ptr(), m, 256, n_out, 1, 99,
+                                        gd.blocks.data_ptr(), None, y_t.data_ptr(), None, 0,
+                                        stream) == S_INVALID
+    torch.cuda.synchronize()
+    assert torch.isnan(ybuf).all()
+
+
+@requires_gpu
+def test_gpu_weight_and_x_must_share_a_side(rng):
+    w, _ = kbit_weight(rng, 7, 64, 4, "e4m4")
+    x = random_x(rng, (2, 64), "float32")
+    with pytest.raises(KbitError, match="device"):
+        kbit.matmul(cuda(x), w)  # host weight, device x
+    with pytest.raises(KbitError, match="device"):
+        kbit.matmul(x, to_device(w))  # device weight, host x
+    with pytest.raises(KbitError, match="bias"):
+        kbit.matmul(cuda(x), to_device(w), random_x(rng, (7,), "float32"))
