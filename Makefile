@@ -10,7 +10,7 @@ BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps test test-c test-python demo bench gpu-check device-wheels clean
+.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check device-wheels clean
 
 all: build
 
@@ -40,6 +40,12 @@ demo: build deps
 bench: build
 	@test -x $(BUILD)/bench/kbit_bench || { echo "kbit_bench needs a CUDA build"; exit 1; }
 	$(BUILD)/bench/kbit_bench --sizes $(BENCH_SIZES) --json $(BUILD)/bench.json
+
+# The fused dequantize + matmul against cuBLAS fp16, dequantize + cuBLAS and bitsandbytes
+# (needs a GPU and PyTorch). BENCH_MATMUL_ARGS: e.g. --quick, --m gemm, --shapes 4096x4096.
+BENCH_MATMUL_ARGS ?=
+bench-matmul: build deps
+	$(PYTHON) bench/bench_matmul.py --json $(BUILD)/bench_matmul.json $(BENCH_MATMUL_ARGS)
 
 # On a GPU machine: build for sm_90, every test with the GPU on, compute-sanitizer on a
 # small case, the benchmark. Logs go to $(OUT) (default: $(BUILD)/gpu-check).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (make gpu-check): build for sm_90, every test with the GPU on,
-# compute-sanitizer memcheck and racecheck on a small case, the demo, then the benchmark.
+# compute-sanitizer memcheck and racecheck on small cases, the demo, then the benchmarks.
 # Every step runs even if an earlier one failed; logs go to $OUT; exits non-zero if any
 # step failed. Usage: bench/gpu_check.sh BUILD_DIR OUT_DIR BENCH_SIZES
 set -uo pipefail
@@ -16,8 +16,10 @@ failed=()
 step() {  # step NAME COMMAND...: runs COMMAND, logs to $OUT/NAME.log
     local name=$1; shift
     echo "== $name: $*"
+    local start=$SECONDS
     if ! "$@" > "$OUT/$name.log" 2>&1; then failed+=("$name"); echo "   FAILED (see $OUT/$name.log)"; fi
     tail -n 3 "$OUT/$name.log"
+    echo "   ($((SECONDS - start)) s)"
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } > "$OUT/device.txt" 2>&1
 step build make build BUILD="$BUILD" CUDA_ARCHS=90
@@ -25,7 +27,12 @@ step ctest ctest --test-dir "$BUILD" --output-on-failure
 step pytest "$PYTHON" -m pytest tests -q -rs
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
+# The matmul kernels under the sanitizers, through the GPU tests of their small shapes.
+MATMUL_SMALL=(tests/test_matmul.py -q -x -p no:cacheprovider -k "gpu and not large")
+step memcheck-matmul compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" -m pytest "${MATMUL_SMALL[@]}"
+step racecheck-matmul compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" -m pytest "${MATMUL_SMALL[@]}"
 step demo make demo BUILD="$BUILD"
 step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
+step bench-matmul "$PYTHON" bench/bench_matmul.py --json "$OUT/bench_matmul.json" ${BENCH_MATMUL_ARGS:-}
 if [ ${#failed[@]} -ne 0 ]; then echo "gpu-check FAILED: ${failed[*]}"; exit 1; fi
 echo "gpu-check passed"
