@@ -1,27 +1,31 @@
 // Fused dequantize + matmul on the GPU (SPEC section 6): y = x · Wᵀ (+ bias) with W read
 // as stored, for m = 1..8 rows of x per pass (more rows take more passes).
 //
-// Tensor-core path (kbit K = 2..5, NF4, FP4; fp16 / bf16 x). A CTA of 8 warps owns 16
-// rows of W and up to 8 rows of x; its warps split k_in in chunks of 32 elements (one
-// kbit block; NF4/FP4 scales are per 32 or more). Per chunk, lane (g, t) of a warp (g =
-// lane / 4, t = lane % 4) decodes elements 8t .. 8t+7 of W rows g and g+8 into four
-// fp16/bf16 pairs each, loads the same 8 elements of x row g with one 16-byte load, and
-// the warp issues two mma.sync m16n8k16 (fp32 accumulators, fresh per chunk), so the
-// chunk's scale multiplies the chunk's sums in fp32: 4 FFMA per lane per chunk. The k
-// order inside the mma does not matter as long as W and x agree, which lets each lane
-// keep its 8 elements contiguous (one 16-byte x load, natural half2 pairs of x).
+// Tensor-core paths (fp16 / bf16 x). A CTA of 4 warps owns 16 rows of W and up to 8 rows
+// of x; its warps split k_in in chunks of 32 elements (one kbit block; NF4/FP4 scales
+// cover 32 or more). Per chunk, lane (g, t) of a warp (g = lane / 4, t = lane % 4) turns
+// elements 8t .. 8t+7 of W rows g and g+8 into four fp16/bf16 pairs each, takes the same
+// 8 elements of x row g, and the warp issues two mma.sync m16n8k16 with fresh fp32
+// accumulators, so that the chunk's scale multiplies the chunk's sums in fp32 (4 FFMA
+// per lane and chunk). The k order inside an mma does not matter as long as W and x
+// agree, which lets each lane keep 8 contiguous elements: x pairs are its natural half2s.
 //
-// Decoding is a table lookup of pairs: an element pair's codes (2K bits) index a table
-// of half2 values (the codebook over its largest |entry|, so that any finite codebook
-// fits fp16), replicated once per lane of a shared-memory phase so that the 32 lookups
-// of a warp never share a bank. For kbit, the pair index comes from the bit planes by a
-// 4x4 transpose of 2-bit fields (two delta swaps); for NF4/FP4 it is the packed byte.
-// Per 8 elements and row: 3 byte permutes + 8 ALU for kbit, 4 table reads, 4 address
-// computations. bench/RESULTS.md has the counts and the measurements.
+// - Staged (kbit K = 2..5, NF4, FP4): each warp streams stages of 4 chunks of the 16 rows,
+//   their scales and the same chunks of x into its own ring of shared-memory slots with
+//   cp.async, 3 stages ahead of the one it computes, so that the bytes in flight do not
+//   live in registers (the first version loaded W into registers, 4 lanes holding the
+//   same words, and ran at a third of copy bandwidth: bench/RESULTS.md). A pair's codes
+//   (2K bits) index a table of half2 values (the codebook over its largest |entry|, so
+//   that any finite codebook fits fp16), replicated once per lane of a shared-memory
+//   phase so that a warp's 32 lookups never share a bank. For kbit the pair index comes
+//   from the bit planes by a 4x4 transpose of 2-bit fields (two delta swaps); for
+//   NF4/FP4 it is the packed byte.
+// - Direct (GGUF): each lane decodes its 8 elements with the format's own group decoder
+//   (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
-// Generic path (every format and dtype, fp32 x, GGUF, misaligned operands): one warp
-// per row of W, lanes over 8-element groups decoded by the format's own decoder
-// (csrc/formats/), float32 FMAs for every row of x. It is the GPU twin of the host loop.
+// Generic path (fp32 x, misaligned operands): one warp per row of W, lanes over 8-element
+// groups decoded by the format's decoder, float32 FMAs for every row of x: the GPU twin
+// of the host loop.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -81,65 +85,94 @@ __device__ void fill_table(uint32_t *table, Value &&value) {
     }
 }
 
+// ---- cp.async ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Copies 16 (or 4) bytes from global to shared memory asynchronously; only the first
+// `src_bytes` are read, the rest of the destination is zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Bytes of [off, off + unit) that lie inside an array of `total` bytes.
+__device__ __forceinline__ int inside(int64_t off, int64_t total, int unit) {
+    const int64_t left = total - off;
+    return left <= 0 ? 0 : (left < unit ? static_cast<int>(left) : unit);
+}
+
 // ---- pair decoders: 8 elements of one row and chunk -> 4 pairs of T ------------------------
 //
-// load(chunk) reads what a lane needs of a chunk (issued early); scale(raw) is the
-// chunk's float32 factor; pairs(raw, t, table) gives elements (8t + 2q, 8t + 2q + 1) as
-// pair q, the lower element in the low half.
+// A staged decoder reads a chunk as stored, from shared memory: pairs(w, t, table, p)
+// gives elements (8t + 2q, 8t + 2q + 1) of the chunk whose bytes start at w as pair q,
+// the lower element in the low half; scale_offset(c) is the byte offset of chunk c's
+// scale in the scale array, scale(s) the chunk's float32 factor from the bytes at s.
 
 // kbit: K bit-plane words per chunk and one scale.
-template <class T, int K, kbit_absmax_format FMT, bool kVecWords>
-struct KbitPairs {
+template <class T, int K, kbit_absmax_format FMT>
+struct KbitStaged {
     static constexpr int kEntries = 1 << (2 * K);
     static constexpr bool kUsesCodebook = true;
-    const uint32_t *__restrict__ packed;
-    const void *__restrict__ absmax;
+    static constexpr int kChunkBytes = 4 * K;
+    static constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
+    const uint8_t *packed;
+    const uint8_t *absmax;
+    int64_t packed_bytes, absmax_bytes;
     float scale_mul;  // tensor_scale times the codebook's largest |entry|
 
-    struct Raw {
-        uint32_t w[K];
-        uint32_t s;
-    };
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * kScaleBytes; }
+    // scale_offset(c + u) - scale_offset(c)
+    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * kScaleBytes; }
 
-    __device__ __forceinline__ Raw load(int64_t c, int) const {
-        Raw r;
-        const uint32_t *p = packed + c * K;
-        if constexpr (kVecWords && K == 4) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
-            r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-        } else if constexpr (kVecWords && K == 2) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
-            r.w[0] = v.x, r.w[1] = v.y;
-        } else {
-#pragma unroll
-            for (int j = 0; j < K; ++j) r.w[j] = __ldg(p + j);
-        }
-        if (FMT == KBIT_ABSMAX_E4M4) r.s = __ldg(static_cast<const uint8_t *>(absmax) + c);
-        else if (FMT == KBIT_ABSMAX_FP16) r.s = __ldg(static_cast<const uint16_t *>(absmax) + c);
-        else r.s = __ldg(static_cast<const uint32_t *>(absmax) + c);
-        return r;
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        uint32_t bits;
+        if constexpr (kScaleBytes == 1) bits = *s;
+        else if constexpr (kScaleBytes == 2) bits = *reinterpret_cast<const uint16_t *>(s);
+        else bits = *reinterpret_cast<const uint32_t *>(s);
+        return decode_scale(FMT, bits) * scale_mul;
     }
 
-    __device__ __forceinline__ float scale(const Raw &r) const {
-        return decode_scale(FMT, r.s) * scale_mul;
-    }
-
-    // Byte t of planes 0..3 side by side (Q), transposed as a 4x4 matrix of 2-bit
-    // fields: byte q of the result holds bits 2q, 2q+1 of every plane, i.e. the codes of
-    // pair q interleaved (bit 2j: element 2q's bit j; bit 2j+1: element 2q+1's).
-    __device__ __forceinline__ void pairs(const Raw &r, int t, const uint32_t *table,
+    // Byte t of planes 0..3 side by side (q), transposed as a 4x4 matrix of 2-bit
+    // fields: byte i of the result holds bits 2i, 2i+1 of every plane, i.e. the codes of
+    // pair i interleaved (bit 2j: element 2i's bit j; bit 2j+1: element 2i+1's).
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t, const uint32_t *table,
                                           uint32_t (&p)[4]) const {
         constexpr int copies = table_copies<kEntries>();
+        uint32_t v[K];
+        if constexpr (K == 4) {
+            const uint4 u = *reinterpret_cast<const uint4 *>(w);
+            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+        } else if constexpr (K == 2) {
+            const uint2 u = *reinterpret_cast<const uint2 *>(w);
+            v[0] = u.x, v[1] = u.y;
+        } else {
+#pragma unroll
+            for (int j = 0; j < K; ++j) v[j] = reinterpret_cast<const uint32_t *>(w)[j];
+        }
         const uint32_t sel = static_cast<uint32_t>(t) | static_cast<uint32_t>(t + 4) << 4;
-        const uint32_t lo = __byte_perm(r.w[0], r.w[1], sel);
-        const uint32_t hi = K >= 3 ? __byte_perm(r.w[2], K >= 4 ? r.w[3] : 0u, sel) : 0u;
+        const uint32_t lo = __byte_perm(v[0], v[1], sel);
+        const uint32_t hi = K >= 3 ? __byte_perm(v[2], K >= 4 ? v[3] : 0u, sel) : 0u;
         uint32_t q = __byte_perm(lo, hi, 0x5410);
         uint32_t d = ((q >> 12) ^ q) & 0x0000F0F0u;  // swap the off-diagonal 2x2 blocks
         q ^= d ^ (d << 12);
         d = ((q >> 6) ^ q) & 0x00CC00CCu;            // swap inside the 2x2 blocks
         q ^= d ^ (d << 6);
         uint32_t fifth = 0;                          // K = 5: plane 4's byte t
-        if constexpr (K == 5) fifth = r.w[4] >> (8 * t);
+        if constexpr (K == 5) fifth = v[4] >> (8 * t);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             uint32_t idx = (q >> (8 * i)) & 0xFFu;
@@ -164,107 +197,83 @@ struct KbitPairs {
 // NF4 / FP4: 16 packed bytes per chunk (byte i: element 2i high nibble, 2i+1 low), one
 // float32 scale per blocksize >= 32 elements.
 template <class T, class Fmt>
-struct Bnb4Pairs {
+struct Bnb4Staged {
     static constexpr int kEntries = 256;
     static constexpr bool kUsesCodebook = false;
-    const uint8_t *__restrict__ packed;
-    const float *__restrict__ absmax;
+    static constexpr int kChunkBytes = 16;
+    static constexpr int kScaleBytes = 4;
+    const uint8_t *packed;
+    const uint8_t *absmax;
+    int64_t packed_bytes, absmax_bytes;
     int log2_chunks_per_block;  // log2(blocksize / 32)
 
-    struct Raw {
-        uint32_t w;  // the lane's 4 bytes
-        float s;
-    };
-
-    __device__ __forceinline__ Raw load(int64_t c, int t) const {
-        return {__ldg(reinterpret_cast<const uint32_t *>(packed + c * 16) + t),
-                __ldg(absmax + (c >> log2_chunks_per_block))};
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const {
+        return (c >> log2_chunks_per_block) * 4;
     }
-    __device__ __forceinline__ float scale(const Raw &r) const { return r.s; }
-    __device__ __forceinline__ void pairs(const Raw &r, int, const uint32_t *table,
+    __device__ __forceinline__ int scale_delta(int64_t c, int u) const {
+        return static_cast<int>(((c + u) >> log2_chunks_per_block) - (c >> log2_chunks_per_block)) * 4;
+    }
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        return *reinterpret_cast<const float *>(s);
+    }
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t, const uint32_t *table,
                                           uint32_t (&p)[4]) const {
         constexpr int copies = table_copies<kEntries>();
+        const uint32_t b = reinterpret_cast<const uint32_t *>(w)[t];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = table[((r.w >> (8 * i)) & 0xFFu) * copies];
+        for (int i = 0; i < 4; ++i) p[i] = table[((b >> (8 * i)) & 0xFFu) * copies];
     }
     __device__ static uint32_t entry(int e) {
         return pack2(T{}, bnb4::table_value(Fmt{}, e >> 4), bnb4::table_value(Fmt{}, e & 15));
     }
 };
 
-// ---- the tensor-core kernel ------------------------------------------------------------------
+// GGUF (and any format with a float decoder): each lane decodes its 8 elements with
+// the format's own group decoder (formats/gguf.h), which loads what it needs; the
+// values carry their scales, so the chunk's factor is 1.
+template <class T, class Fmt>
+struct FloatDirect {
+    const uint8_t *blocks;
+    struct Raw {
+        float v[8];
+    };
+    __device__ __forceinline__ Raw load(int64_t c, int t) const {
+        Raw r;
+        const int64_t e0 = c * kChunk + 8 * t;
+        Fmt::template group<8>(gguf::DeviceLoader<0>{blocks + (e0 / Fmt::kElems) * Fmt::kBytes},
+                               static_cast<int>(e0 % Fmt::kElems), r.v);
+        return r;
+    }
+    __device__ __forceinline__ void pairs(const Raw &r, uint32_t (&p)[4]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = pack2(T{}, r.v[2 * i], r.v[2 * i + 1]);
+    }
+};
 
-template <class T, class Dec>
-__global__ void __launch_bounds__(kThreads)
-gemv_mma_kernel(Dec dec, const float *__restrict__ codebook, int k,
-                const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
-                int64_t n_out, const typename T::storage *__restrict__ bias,
-                typename T::storage *__restrict__ y) {
-    extern __shared__ uint4 smem_table[];
-    uint32_t *table = reinterpret_cast<uint32_t *>(smem_table);
+// ---- the tensor-core kernels -----------------------------------------------------------------
+
+// C += the chunk's two mma steps: A rows g / g+8 from pa / pb, B from the 8 x values.
+template <class T>
+__device__ __forceinline__ void chunk_mma(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                          const uint4 &xv, float sa, float sb, float (&acc)[4]) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816(T{}, c, {pa[0], pb[0], pa[1], pb[1]}, xv.x, xv.y);
+    mma_16816(T{}, c, {pa[2], pb[2], pa[3], pb[3]}, xv.z, xv.w);
+    acc[0] = fmaf(sa, c[0], acc[0]);
+    acc[1] = fmaf(sa, c[1], acc[1]);
+    acc[2] = fmaf(sb, c[2], acc[2]);
+    acc[3] = fmaf(sb, c[3], acc[3]);
+}
+
+// The warps' partial sums of the CTA's 16 x 8 tile, added in a fixed order; bias, one
+// rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns 2t, 2t+1).
+template <class T>
+__device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t r0, int64_t m0,
+                                           int64_t m, int64_t n_out,
+                                           const typename T::storage *bias,
+                                           typename T::storage *y) {
     __shared__ float partial[kWarps][kTileRows][kMaxM];
-    __shared__ float book_max;
-
-    constexpr int copies = table_copies<Dec::kEntries>();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-
-    // The pair table. kbit: entries over the codebook's largest |entry| (1 if all zero).
-    if constexpr (!Dec::kUsesCodebook) {
-        fill_table<Dec::kEntries>(table, [](int e) { return Dec::entry(e); });
-    } else {
-        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
-        if (warp == 0) {
-            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
-            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
-            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
-        }
-        __syncthreads();
-        const float inv_max = 1.0f / book_max;
-        dec.scale_mul *= book_max;
-        fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
-    }
-    __syncthreads();
-
-    const int64_t chunks = k_in / kChunk;
-    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
-    const int64_t row_a = min(r0 + g, n_out - 1), row_b = min(r0 + g + 8, n_out - 1);
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
-    const bool has_x = m0 + g < m;
-    const uint4 *xrow = reinterpret_cast<const uint4 *>(x + (m0 + g) * k_in) + t;
-    const uint32_t *my_table = table + lane % copies;
-
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t j0 = warp; j0 < chunks; j0 += kWarps * kUnroll) {
-        typename Dec::Raw wa[kUnroll], wb[kUnroll];
-        uint4 xv[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int64_t j = j0 + u * kWarps;
-            if (j < chunks) {
-                wa[u] = dec.load(row_a * chunks + j, t);
-                wb[u] = dec.load(row_b * chunks + j, t);
-                xv[u] = has_x ? __ldg(xrow + j * (kChunk / 8)) : make_uint4(0, 0, 0, 0);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            if (j0 + u * kWarps >= chunks) break;
-            uint32_t pa[4], pb[4];
-            dec.pairs(wa[u], t, my_table, pa);
-            dec.pairs(wb[u], t, my_table, pb);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_16816(T{}, c, {pa[0], pb[0], pa[1], pb[1]}, xv[u].x, xv[u].y);
-            mma_16816(T{}, c, {pa[2], pb[2], pa[3], pb[3]}, xv[u].z, xv[u].w);
-            const float sa = dec.scale(wa[u]), sb = dec.scale(wb[u]);
-            acc[0] = fmaf(sa, c[0], acc[0]);
-            acc[1] = fmaf(sa, c[1], acc[1]);
-            acc[2] = fmaf(sb, c[2], acc[2]);
-            acc[3] = fmaf(sb, c[3], acc[3]);
-        }
-    }
-
-    // The warps' partial sums, added in a fixed order; then bias, one rounding, y.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     partial[warp][g][2 * t] = acc[0];
     partial[warp][g][2 * t + 1] = acc[1];
     partial[warp][g + 8][2 * t] = acc[2];
@@ -283,34 +292,268 @@ gemv_mma_kernel(Dec dec, const float *__restrict__ codebook, int k,
     }
 }
 
-// Dynamic shared memory of a tensor-core kernel instance, raised above 48 KB once per
-// device where needed.
+// Shared memory of the staged kernel: the pair table, then per warp kStages slots of
+// [W: 16 rows x row bytes][scales: 16 rows x 16 bytes][x: m_rows x kXRow bytes].
+constexpr int kStages = 3;        // slots per warp: kStages - 1 stages in flight
+constexpr int kStageChunks = 4;   // chunks per row and stage
+constexpr int kXRow = kStageChunks * kChunk * 2 + 16;  // one x row of a stage, padded
+template <class Dec>
+constexpr int w_row_bytes() { return (kStageChunks * Dec::kChunkBytes + 15) / 16 * 16; }
+template <class Dec>
+constexpr int table_bytes() { return 4 * Dec::kEntries * table_copies<Dec::kEntries>(); }
+template <class Dec>
+__host__ __device__ constexpr int slot_bytes(int m_rows) {
+    return kTileRows * w_row_bytes<Dec>() + kTileRows * 16 + m_rows * kXRow;
+}
+template <class Dec>
+__host__ __device__ constexpr int staged_smem(int m_rows) {
+    return table_bytes<Dec>() + kWarps * kStages * slot_bytes<Dec>(m_rows);
+}
+
+// Staged: every warp streams its stages (kStageChunks chunks of the CTA's 16 rows, their
+// scales and the same chunks of x) into its own ring of shared-memory slots with
+// cp.async, kStages - 1 ahead of the one it computes. kWUnit: 16-byte copies of W (its
+// rows start on 16 bytes) or 4-byte ones.
+template <class T, class Dec, int kWUnit>
+__global__ void __launch_bounds__(kThreads)
+gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
+                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                   int64_t n_out, const typename T::storage *__restrict__ bias,
+                   typename T::storage *__restrict__ y) {
+    extern __shared__ uint4 smem[];
+    uint32_t *table = reinterpret_cast<uint32_t *>(smem);
+    __shared__ float book_max;
+    constexpr int copies = table_copies<Dec::kEntries>();
+    constexpr int kRowBytes = w_row_bytes<Dec>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    if constexpr (!Dec::kUsesCodebook) {
+        fill_table<Dec::kEntries>(table, [](int e) { return Dec::entry(e); });
+    } else {  // entries over the codebook's largest |entry| (1 if all are zero)
+        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
+        if (warp == 0) {
+            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
+            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
+            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
+        }
+        __syncthreads();
+        const float inv_max = 1.0f / book_max;
+        dec.scale_mul *= book_max;
+        fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+    }
+    __syncthreads();
+
+    const int64_t chunks = k_in / kChunk;
+    const int64_t stages = (chunks + kStageChunks - 1) / kStageChunks;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
+    const int m_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
+    const int slot = slot_bytes<Dec>(m_rows);
+    uint8_t *ring = reinterpret_cast<uint8_t *>(smem) + table_bytes<Dec>() +
+                    warp * kStages * slot;
+    const auto *xb = reinterpret_cast<const uint8_t *>(x);
+    const int64_t x_bytes = m * k_in * 2;
+
+    // What each lane copies of every stage, fixed for the whole kernel: W units (row,
+    // unit of the row's stage bytes), scale words (row, word of the row's window), x
+    // units (row of x, 16-byte unit of its stage). Per stage only the chunk offset moves.
+    constexpr int w_units = kRowBytes / kWUnit;
+    constexpr int w_per_lane = (kTileRows * w_units + 31) / 32;
+    constexpr int x_units = kStageChunks * kChunk * 2 / 16;
+    constexpr int x_per_lane = kMaxM * x_units / 32;
+    int64_t w_src[w_per_lane], s_chunk[2], x_src[x_per_lane];
+#pragma unroll
+    for (int i = 0; i < w_per_lane; ++i) {
+        const int u = lane + 32 * i, row = u / w_units, q = u % w_units;
+        w_src[i] = (min(r0 + row, n_out - 1) * chunks) * Dec::kChunkBytes + q * kWUnit;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) s_chunk[i] = min(r0 + (lane + 32 * i) / 4, n_out - 1) * chunks;
+#pragma unroll
+    for (int i = 0; i < x_per_lane; ++i) {
+        const int u = lane + 32 * i;
+        x_src[i] = ((m0 + u / x_units) * k_in) * 2 + (u % x_units) * 16;
+    }
+
+    // Issues stage s (the warp's i-th: s = warp + i * kWarps) into ring slot i % kStages;
+    // one commit group per call, empty past the last stage.
+    auto issue = [&](int64_t i) {
+        const int64_t s = warp + i * kWarps;
+        if (s < stages) {
+            uint8_t *base = ring + (i % kStages) * slot;
+            const int64_t j0 = s * kStageChunks;
+            const int n = static_cast<int>(chunks - j0 < kStageChunks ? chunks - j0 : kStageChunks);
+#pragma unroll
+            for (int i = 0; i < w_per_lane; ++i) {
+                const int u = lane + 32 * i, row = u / w_units, q = u % w_units;
+                if (row >= kTileRows || q * kWUnit >= n * Dec::kChunkBytes) continue;
+                const int64_t off = w_src[i] + j0 * Dec::kChunkBytes;
+                const uint32_t dst = smem_address(base + row * kRowBytes + q * kWUnit);
+                if constexpr (kWUnit == 16)
+                    cp_async16(dst, dec.packed + off, inside(off, dec.packed_bytes, 16));
+                else
+                    cp_async4(dst, dec.packed + off, inside(off, dec.packed_bytes, 4));
+            }
+            uint8_t *scales = base + kTileRows * kRowBytes;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {  // the 4-byte words that hold the row's scales
+                const int u = lane + 32 * i, row = u / 4, q = u % 4;
+                const int64_t c = s_chunk[i] + j0;
+                const int64_t off = dec.scale_offset(c) / 4 * 4 + 4 * q;
+                if (off < dec.scale_offset(c + n - 1) + Dec::kScaleBytes)
+                    cp_async4(smem_address(scales + row * 16 + 4 * q), dec.absmax + off,
+                              inside(off, dec.absmax_bytes, 4));
+            }
+            uint8_t *xs = scales + kTileRows * 16;
+#pragma unroll
+            for (int i = 0; i < x_per_lane; ++i) {
+                const int u = lane + 32 * i, row = u / x_units, q = u % x_units;
+                if (row >= m_rows || q / (kChunk * 2 / 16) >= n) continue;
+                const int64_t off = x_src[i] + j0 * (kChunk * 2);
+                cp_async16(smem_address(xs + row * kXRow + q * 16), xb + off,
+                           inside(off, x_bytes, 16));
+            }
+        }
+        cp_async_commit();
+    };
+
+    const int64_t mine = warp < stages ? (stages - warp + kWarps - 1) / kWarps : 0;
+    const int64_t row_a = min(r0 + g, n_out - 1), row_b = min(r0 + g + 8, n_out - 1);
+    const uint32_t *my_table = table + lane % copies;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int64_t i = 0; i < mine; ++i) {
+        issue(i + kStages - 1);
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+        const uint8_t *base = ring + (i % kStages) * slot;
+        const uint8_t *scales = base + kTileRows * kRowBytes;
+        const uint8_t *xs = scales + kTileRows * 16 + g * kXRow + t * 16;
+        const int64_t j0 = (warp + i * kWarps) * kStageChunks;
+        const int n = static_cast<int>(chunks - j0 < kStageChunks ? chunks - j0 : kStageChunks);
+        const int64_t ca = row_a * chunks + j0, cb = row_b * chunks + j0;
+        // this stage's scales of rows g and g+8 in their windows
+        const uint8_t *sa = scales + g * 16 + (dec.scale_offset(ca) & 3);
+        const uint8_t *sb = scales + (g + 8) * 16 + (dec.scale_offset(cb) & 3);
+        const uint8_t *wa = base + g * kRowBytes, *wb = base + (g + 8) * kRowBytes;
+#pragma unroll
+        for (int u = 0; u < kStageChunks; ++u) {
+            if (u >= n) break;
+            uint32_t pa[4], pb[4];
+            dec.pairs(wa + u * Dec::kChunkBytes, t, my_table, pa);
+            dec.pairs(wb + u * Dec::kChunkBytes, t, my_table, pb);
+            const float fa = dec.scale(sa + dec.scale_delta(ca, u));
+            const float fb = dec.scale(sb + dec.scale_delta(cb, u));
+            const uint4 xv = g < m_rows ? *reinterpret_cast<const uint4 *>(xs + u * 64)
+                                        : make_uint4(0, 0, 0, 0);
+            chunk_mma<T>(pa, pb, xv, fa, fb, acc);
+        }
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+    store_tile<T>(acc, r0, m0, m, n_out, bias, y);
+}
+
+// Direct: each lane's decoder loads its own elements (GGUF blocks, whose chunks are not
+// contiguous runs of whole words); kUnroll chunks' loads are issued together.
 template <class T, class Dec>
-cudaError_t launch_mma(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
-                       int64_t k_in, int64_t n_out, const void *bias, void *y,
-                       cudaStream_t stream) {
-    constexpr size_t smem = sizeof(uint32_t) * Dec::kEntries * table_copies<Dec::kEntries>();
-    auto kernel = gemv_mma_kernel<T, Dec>;
-    if constexpr (smem > 48 * 1024) {
-        constexpr int kMaxDevices = 64;
-        static std::atomic<bool> raised[kMaxDevices];
-        int dev = 0;
-        cudaError_t err = cudaGetDevice(&dev);
-        if (err != cudaSuccess) return err;
-        if (dev >= kMaxDevices || !raised[dev].load(std::memory_order_relaxed)) {
-            err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-            if (err != cudaSuccess) return err;
-            if (dev < kMaxDevices) raised[dev].store(true, std::memory_order_relaxed);
+__global__ void __launch_bounds__(kThreads)
+gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                   int64_t n_out, const typename T::storage *__restrict__ bias,
+                   typename T::storage *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t chunks = k_in / kChunk;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+    const int64_t row_a = min(r0 + g, n_out - 1), row_b = min(r0 + g + 8, n_out - 1);
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
+    const bool has_x = m0 + g < m;
+    const uint4 *xrow = reinterpret_cast<const uint4 *>(x + (m0 + g) * k_in) + t;
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j0 = warp; j0 < chunks; j0 += kWarps * kUnroll) {
+        typename Dec::Raw wa[kUnroll], wb[kUnroll];
+        uint4 xv[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t j = j0 + u * kWarps;
+            if (j < chunks) {
+                wa[u] = dec.load(row_a * chunks + j, t);
+                wb[u] = dec.load(row_b * chunks + j, t);
+                xv[u] = has_x ? __ldg(xrow + j * (kChunk / 8)) : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            if (j0 + u * kWarps >= chunks) break;
+            uint32_t pa[4], pb[4];
+            dec.pairs(wa[u], pa);
+            dec.pairs(wb[u], pb);
+            chunk_mma<T>(pa, pb, xv[u], 1.0f, 1.0f, acc);
         }
     }
-    cudaGetLastError();
+    store_tile<T>(acc, r0, m0, m, n_out, bias, y);
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` on the current device (once
+// per device and larger size). Always, also below 48 KB: the kernel's static shared
+// memory counts against the same default limit.
+template <auto Kernel>
+cudaError_t allow_smem(int bytes) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> allowed[kMaxDevices];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < kMaxDevices && allowed[dev].load(std::memory_order_relaxed) >= bytes)
+        return cudaSuccess;
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && dev < kMaxDevices) allowed[dev].store(bytes, std::memory_order_relaxed);
+    return err;
+}
+
+dim3 tile_grid(int64_t m, int64_t n_out) {
+    return dim3(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
+                static_cast<unsigned>(blocks_of(m, kMaxM)));
+}
+
+template <class T, class Dec, int kWUnit>
+cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                          int64_t k_in, int64_t n_out, const void *bias, void *y,
+                          cudaStream_t stream) {
     using S = typename T::storage;
-    const dim3 grid(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
-                    static_cast<unsigned>(blocks_of(m, kMaxM)));
-    kernel<<<grid, kThreads, smem, stream>>>(dec, codebook, k, static_cast<const S *>(x), m, k_in,
-                                              n_out, static_cast<const S *>(bias),
-                                              static_cast<S *>(y));
+    const int smem = staged_smem<Dec>(static_cast<int>(m < kMaxM ? m : kMaxM));
+    const cudaError_t err = allow_smem<gemv_staged_kernel<T, Dec, kWUnit>>(smem);
+    if (err != cudaSuccess) return err;
+    cudaGetLastError();
+    gemv_staged_kernel<T, Dec, kWUnit><<<tile_grid(m, n_out), kThreads, smem, stream>>>(
+        dec, codebook, k, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
+        static_cast<S *>(y));
+    return launch_error();
+}
+
+// The staged kernel with the widest W copies the layout allows: 16 bytes when every row
+// of chunks starts on 16 bytes.
+template <class T, class Dec>
+cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                          int64_t k_in, int64_t n_out, const void *bias, void *y,
+                          cudaStream_t stream) {
+    const bool vec = reinterpret_cast<uintptr_t>(dec.packed) % 16 == 0 &&
+                     (k_in / kChunk) * Dec::kChunkBytes % 16 == 0;
+    if (vec) return launch_staged<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
+    return launch_staged<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
+}
+
+template <class T, class Dec>
+cudaError_t launch_direct(const Dec &dec, const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                          const void *bias, void *y, cudaStream_t stream) {
+    using S = typename T::storage;
+    cudaGetLastError();
+    gemv_direct_kernel<T><<<tile_grid(m, n_out), kThreads, 0, stream>>>(
+        dec, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
+        static_cast<S *>(y));
     return launch_error();
 }
 
@@ -413,29 +656,15 @@ cudaError_t launch_generic(const Values &values, kbit_dtype dtype, const void *x
 
 // ---- entries -------------------------------------------------------------------------------------
 
-// kbit on tensor cores: K-word loads as wide as the alignment of `packed` allows.
-template <class T, int K, kbit_absmax_format F>
-cudaError_t launch_kbit_mma(const uint32_t *packed, const void *absmax, float ts,
-                            const float *codebook, const void *x, int64_t m, int64_t k_in,
-                            int64_t n_out, const void *bias, void *y, cudaStream_t stream) {
-    if constexpr (std::is_same_v<T, F32>) {
-        return cudaErrorInvalidValue;  // fp32 x takes the generic path
-    } else {
-        const bool vec = (K == 2 || K == 4) &&
-                         reinterpret_cast<uintptr_t>(packed) % (K == 4 ? 16 : 8) == 0;
-        if (vec)
-            return launch_mma<T>(KbitPairs<T, K, F, true>{packed, absmax, ts}, codebook, K, x, m,
-                                 k_in, n_out, bias, y, stream);
-        return launch_mma<T>(KbitPairs<T, K, F, false>{packed, absmax, ts}, codebook, K, x, m,
-                             k_in, n_out, bias, y, stream);
-    }
-}
-
 bool aligned(const void *p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// The tensor-core path takes fp16/bf16 x on 16-byte boundaries.
+// The tensor-core paths take fp16/bf16 x on 16-byte boundaries; the staged one also
+// copies W and its scales in whole 4-byte words.
 bool mma_ok(kbit_dtype dtype, const void *x) {
     return dtype != KBIT_DTYPE_FP32 && aligned(x, 16);
+}
+bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *absmax) {
+    return mma_ok(dtype, x) && aligned(packed, 4) && aligned(absmax, 4);
 }
 
 kbit_status check_workspace(const void *workspace, size_t workspace_bytes) {
@@ -454,15 +683,24 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     KBIT_TRY(check_workspace(workspace, workspace_bytes));
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     cudaError_t err = cudaSuccess;
-    if (mma_ok(dtype, x)) {
+    if (staged_ok(dtype, x, packed, absmax)) {
+        const int64_t blocks = n_out * (k_in / kBlock);
         with_dtype(dtype, [&](auto tag) {
-            return with_k(k, [&](auto kc) {
-                with_format(fmt, [&](auto f) {
-                    err = launch_kbit_mma<decltype(tag), kc.value, decltype(f)::value>(
-                        packed, absmax, ts, codebook, x, m, k_in, n_out, bias, y, stream);
+            using T = decltype(tag);
+            if constexpr (!std::is_same_v<T, F32>) {
+                with_k(k, [&](auto kc) {
+                    with_format(fmt, [&](auto f) {
+                        using Dec = KbitStaged<T, kc.value, decltype(f)::value>;
+                        const Dec dec{reinterpret_cast<const uint8_t *>(packed),
+                                      static_cast<const uint8_t *>(absmax),
+                                      blocks * Dec::kChunkBytes, blocks * Dec::kScaleBytes, ts};
+                        err = launch_staged<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                               stream);
+                    });
+                    return KBIT_SUCCESS;
                 });
-                return KBIT_SUCCESS;
-            });
+            }
+            return KBIT_SUCCESS;
         });
     } else {
         const float *cb = codebook;
@@ -488,12 +726,15 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     const int log2_bs = bnb4::log2_of(blocksize);
     cudaError_t err = cudaSuccess;
-    if (mma_ok(dtype, x) && aligned(packed, 4)) {
+    if (staged_ok(dtype, x, packed, absmax)) {
+        const int64_t n = n_out * k_in;
         with_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
-            if constexpr (!std::is_same_v<T, F32>)
-                err = launch_mma<T>(Bnb4Pairs<T, Fmt>{packed, absmax, log2_bs - 5}, nullptr, 4,
-                                    x, m, k_in, n_out, bias, y, stream);
+            if constexpr (!std::is_same_v<T, F32>) {
+                const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
+                                             n / 2, (n >> log2_bs) * 4, log2_bs - 5};
+                err = launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
+            }
             return KBIT_SUCCESS;
         });
     } else {
@@ -510,10 +751,20 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
         using Fmt = decltype(fmt);
         KBIT_TRY(check_workspace(workspace, workspace_bytes));
         if (m == 0 || n_out == 0) return KBIT_SUCCESS;
-        return cuda_status(
-            launch_generic(GgufValues<Fmt>{static_cast<const uint8_t *>(blocks)}, dtype, x, m,
-                           k_in, n_out, bias, y, stream),
-            "GGUF matmul launch");
+        const auto *b = static_cast<const uint8_t *>(blocks);
+        cudaError_t err = cudaSuccess;
+        if (mma_ok(dtype, x)) {
+            with_dtype(dtype, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (!std::is_same_v<T, F32>)
+                    err = launch_direct<T>(FloatDirect<T, Fmt>{b}, x, m, k_in, n_out, bias, y,
+                                           stream);
+                return KBIT_SUCCESS;
+            });
+        } else {
+            err = launch_generic(GgufValues<Fmt>{b}, dtype, x, m, k_in, n_out, bias, y, stream);
+        }
+        return cuda_status(err, "GGUF matmul launch");
     });
 }
 
