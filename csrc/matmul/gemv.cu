@@ -353,7 +353,6 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
     uint8_t *ring = reinterpret_cast<uint8_t *>(smem) + table_bytes<Dec>() +
                     warp * kStages * slot;
     const auto *xb = reinterpret_cast<const uint8_t *>(x);
-    const int64_t x_bytes = m * k_in * 2;
 
     // What each lane copies of every stage, fixed for the whole kernel: W units (row,
     // unit of the row's stage bytes), scale words (row, word of the row's window), x
@@ -384,12 +383,19 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
             uint8_t *base = ring + (i % kStages) * slot;
             const int64_t j0 = s * kStageChunks;
             const int n = static_cast<int>(chunks - j0 < kStageChunks ? chunks - j0 : kStageChunks);
+            // A whole stage never reads past its rows: no bounds to check.
+            const bool whole = n == kStageChunks && (kTileRows * w_units) % 32 == 0;
 #pragma unroll
             for (int i = 0; i < w_per_lane; ++i) {
                 const int u = lane + 32 * i, row = u / w_units, q = u % w_units;
-                if (row >= kTileRows || q * kWUnit >= n * Dec::kChunkBytes) continue;
                 const int64_t off = w_src[i] + j0 * Dec::kChunkBytes;
                 const uint32_t dst = smem_address(base + row * kRowBytes + q * kWUnit);
+                if (whole) {
+                    if constexpr (kWUnit == 16) cp_async16(dst, dec.packed + off, 16);
+                    else cp_async4(dst, dec.packed + off, 4);
+                    continue;
+                }
+                if (row >= kTileRows || q * kWUnit >= n * Dec::kChunkBytes) continue;
                 if constexpr (kWUnit == 16)
                     cp_async16(dst, dec.packed + off, inside(off, dec.packed_bytes, 16));
                 else
@@ -411,8 +417,7 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
                 const int u = lane + 32 * i, row = u / x_units, q = u % x_units;
                 if (row >= m_rows || q / (kChunk * 2 / 16) >= n) continue;
                 const int64_t off = x_src[i] + j0 * (kChunk * 2);
-                cp_async16(smem_address(xs + row * kXRow + q * 16), xb + off,
-                           inside(off, x_bytes, 16));
+                cp_async16(smem_address(xs + row * kXRow + q * 16), xb + off, 16);
             }
         }
         cp_async_commit();
