@@ -88,6 +88,8 @@ def _formats() -> dict:
         for k in (2, 3, 4, 5):
             name = f"kbit{k}" if absmax == "e4m4" else f"kbit{k}-{absmax}"
             f[name] = {"family": "kbit", "k": k, "absmax": absmax, "block": 32}
+            # the same weight repacked once by kbit.tile (csrc/formats/kbit_tiled.h)
+            f[name + "-tiled"] = dict(f[name], tiled=True)
     for qt in ("nf4", "fp4"):
         f[qt] = {"family": "4bit", "quant_type": qt, "blocksize": 64, "block": 64}
     for name, (tid, elems, nbytes, _) in GGUF_TYPES.items():
@@ -97,12 +99,14 @@ def _formats() -> dict:
 
 
 FORMATS = _formats()
-DEFAULT_FORMATS = ["kbit2", "kbit3", "kbit4", "kbit5", "nf4", "fp4",
+DEFAULT_FORMATS = ["kbit2-tiled", "kbit3-tiled", "kbit4-tiled", "kbit5-tiled",
+                   "kbit2", "kbit3", "kbit4", "kbit5", "nf4", "fp4",
                    "q4_0", "q8_0", "q4_k", "q5_k", "q6_k"]
 FORMAT_GROUPS = {
     "default": DEFAULT_FORMATS,
     "all": list(FORMATS),
     "kbit": ["kbit2", "kbit3", "kbit4", "kbit5"],
+    "tiled": ["kbit2-tiled", "kbit3-tiled", "kbit4-tiled", "kbit5-tiled"],
     "kbit-all": [n for n in FORMATS if FORMATS[n]["family"] == "kbit"],
     "4bit": ["nf4", "fp4"],
     "gguf": [n for n in FORMATS if FORMATS[n]["family"] == "gguf"],
@@ -578,8 +582,11 @@ class Bench:
         n = n_out * k_in
         if spec["family"] == "kbit":
             q = self.kbit_quantize(w_dense, spec)
-            return q, (lambda dt, out=None: kbit.dequantize(q, dtype=dt, out=out)), \
-                "N(0, 0.02^2) quantized by kbit.quantize on the GPU", q
+            deq = lambda dt, out=None: kbit.dequantize(q, dtype=dt, out=out)  # noqa: E731
+            if spec.get("tiled"):
+                return kbit.tile(q), deq, \
+                    "N(0, 0.02^2) quantized by kbit.quantize on the GPU, then kbit.tile", q
+            return q, deq, "N(0, 0.02^2) quantized by kbit.quantize on the GPU", q
         if spec["family"] == "4bit":
             q = kbit.quantize_4bit(w_dense, spec["quant_type"], spec["blocksize"])
             return q, (lambda dt, out=None: kbit.dequantize_4bit(q, out=out, dtype=dt)), \
@@ -874,7 +881,7 @@ def selftest() -> int:
     a = resolve_args([])
     expect(a.shapes == DEFAULT_SHAPES and a.m == GEMV_M and a.formats == DEFAULT_FORMATS
            and a.dtype == "fp16" and a.repeats == 50 and a.tol == 2e-3, "defaults")
-    expect(len(a.shapes) * len(a.formats) * len(a.m) == 220, "default case count")
+    expect(len(a.shapes) * len(a.formats) * len(a.m) == 300, "default case count")
     a = resolve_args(["--quick"])
     expect(a.shapes == QUICK["shapes"] and a.m == QUICK["m"] and a.repeats == 20, "quick")
     a = resolve_args(["--quick", "--m", "1", "--formats", "q8_0"])
@@ -887,7 +894,7 @@ def selftest() -> int:
     expect(a.formats == ["kbit2", "kbit3", "kbit4", "kbit5", "kbit4-fp16", "q4_k",
                          "q4_0", "q8_0", "q5_k", "q6_k"], f"formats {a.formats}")
     expect(resolve_args(["--m", "all"]).m == GEMV_M + GEMM_M, "m all")
-    expect(len(resolve_args(["--formats", "all"]).formats) == 12 + 2 + 5, "all formats")
+    expect(len(resolve_args(["--formats", "all"]).formats) == 24 + 2 + 5, "all formats")
     for bad in (["--shapes", "4096"], ["--shapes", "0x4096"], ["--m", "0"], ["--m", "x"],
                 ["--formats", "q3_k"], ["--dtype", "int8"]):
         try:

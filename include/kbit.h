@@ -482,6 +482,70 @@ KBIT_API kbit_status kbit_matmul_gguf_host(const void *x, int64_t m, int64_t k_i
                                            int64_t n_out, kbit_dtype dtype, int ggml_type,
                                            const void *blocks, const void *bias, void *y);
 
+/* ---------------------------------------------------------------------------------
+ * Tiled kbit weights: a one-time repack for the fused matmul
+ *
+ * The same codes and scales as a kbit weight W [n_out, k_in] (k_in a multiple of 32),
+ * reordered into the order the GPU matmul reads them: rows in tiles of 16, each row's
+ * 32-element blocks in groups of 4, every lane's bits together and its element pairs'
+ * codes interleaved (the layout is written out in csrc/formats/kbit_tiled.h). Rows and
+ * blocks are padded with zeros to whole tiles and groups. kbit_matmul_kbit_tiled reads
+ * it with about a third of the instructions per weight of kbit_matmul_kbit on the stored
+ * layout (bench/RESULTS.md); the stored layout stays the format of record.
+ * ------------------------------------------------------------------------------- */
+
+/*! @return the bytes of the tiled codes of an [n_out, k_in] weight at k bits, or -1
+ *  for a negative size, k_in not a multiple of 32, or k outside 2..5. */
+KBIT_API int64_t kbit_tiled_packed_bytes(int64_t n_out, int64_t k_in, int k);
+
+/*! @return the bytes of the tiled scales (absmax_format's size per block, padded like
+ *  the codes), or -1 for bad arguments. */
+KBIT_API int64_t kbit_tiled_absmax_bytes(int64_t n_out, int64_t k_in,
+                                         kbit_absmax_format absmax_format);
+
+/*! Repacks a stored kbit weight (packed: n_out * k_in / 32 * k words, absmax: its
+ *  scales) into tiled_packed (kbit_tiled_packed_bytes) and tiled_absmax
+ *  (kbit_tiled_absmax_bytes), both 16-byte aligned. Asynchronous on `stream`.
+ *  @return KBIT_SUCCESS, KBIT_ERROR_INVALID_ARGUMENT, KBIT_ERROR_NULL_POINTER,
+ *  KBIT_ERROR_MISALIGNED (nothing written) or a device error. */
+KBIT_API kbit_status kbit_tile(const uint32_t *packed, const void *absmax,
+                               kbit_absmax_format absmax_format, int k, int64_t n_out,
+                               int64_t k_in, void *tiled_packed, void *tiled_absmax,
+                               kbit_stream_t stream);
+KBIT_API kbit_status kbit_tile_host(const uint32_t *packed, const void *absmax,
+                                    kbit_absmax_format absmax_format, int k, int64_t n_out,
+                                    int64_t k_in, void *tiled_packed, void *tiled_absmax);
+
+/*! The inverse of kbit_tile: the stored packed words and absmax bytes, exactly.
+ *  @return as kbit_tile. */
+KBIT_API kbit_status kbit_untile(const void *tiled_packed, const void *tiled_absmax,
+                                 kbit_absmax_format absmax_format, int k, int64_t n_out,
+                                 int64_t k_in, uint32_t *packed, void *absmax,
+                                 kbit_stream_t stream);
+KBIT_API kbit_status kbit_untile_host(const void *tiled_packed, const void *tiled_absmax,
+                                      kbit_absmax_format absmax_format, int k, int64_t n_out,
+                                      int64_t k_in, uint32_t *packed, void *absmax);
+
+/*! kbit_matmul_kbit on a tiled weight: the same result (the host twin gives the same
+ *  bits as kbit_matmul_kbit_host). The GPU entry takes fp16 or bf16 x on 16-byte
+ *  boundaries (else KBIT_ERROR_NOT_SUPPORTED: use kbit_matmul_kbit on the stored weight);
+ *  the host twin takes every dtype. @return a status as kbit_matmul_kbit. */
+KBIT_API kbit_status kbit_matmul_kbit_tiled(const void *x, int64_t m, int64_t k_in,
+                                            int64_t n_out, kbit_dtype dtype,
+                                            const void *tiled_packed,
+                                            const void *tiled_absmax,
+                                            kbit_absmax_format absmax_format,
+                                            float tensor_scale, const float *codebook, int k,
+                                            const void *bias, void *y, void *workspace,
+                                            size_t workspace_bytes, kbit_stream_t stream);
+KBIT_API kbit_status kbit_matmul_kbit_tiled_host(const void *x, int64_t m, int64_t k_in,
+                                                 int64_t n_out, kbit_dtype dtype,
+                                                 const void *tiled_packed,
+                                                 const void *tiled_absmax,
+                                                 kbit_absmax_format absmax_format,
+                                                 float tensor_scale, const float *codebook,
+                                                 int k, const void *bias, void *y);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

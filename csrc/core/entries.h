@@ -76,6 +76,18 @@
 #define KBIT_PARAMS_MATMUL_GGUF(P0, P) KBIT_PARAMS_MATMUL_HEAD_(P0, P) \
     P(int, ggml_type) P(const void *, blocks) P(const void *, bias) P(void *, y)
 
+#define KBIT_PARAMS_TILE(P0, P) \
+    P0(const uint32_t *, packed) P(const void *, absmax) P(kbit_absmax_format, absmax_format) \
+    P(int, k) P(int64_t, n_out) P(int64_t, k_in) P(void *, tiled_packed) P(void *, tiled_absmax)
+#define KBIT_PARAMS_UNTILE(P0, P) \
+    P0(const void *, tiled_packed) P(const void *, tiled_absmax) \
+    P(kbit_absmax_format, absmax_format) P(int, k) P(int64_t, n_out) P(int64_t, k_in) \
+    P(uint32_t *, packed) P(void *, absmax)
+#define KBIT_PARAMS_MATMUL_KBIT_TILED(P0, P) KBIT_PARAMS_MATMUL_HEAD_(P0, P) \
+    P(const void *, tiled_packed) P(const void *, tiled_absmax) \
+    P(kbit_absmax_format, absmax_format) P(float, tensor_scale) P(const float *, codebook) \
+    P(int, k) P(const void *, bias) P(void *, y)
+
 // ---- the rows ---------------------------------------------------------------------------
 
 // (type tag, C type name) x K for the kbit family's per-type symbols.
@@ -187,7 +199,15 @@
          (kbit::matmul::bnb4_host<kbit::bnb4::Fp4>))                                             \
     GPU(kbit_matmul_gguf, KBIT_PARAMS_MATMUL_GGUF, KBIT_TAIL_MATMUL, (kbit::matmul::gguf_entry))  \
     HOST(kbit_matmul_gguf_host, KBIT_PARAMS_MATMUL_GGUF, KBIT_TAIL_NONE,                         \
-         (kbit::matmul::gguf_host))
+         (kbit::matmul::gguf_host))                                                              \
+    GPU(kbit_tile, KBIT_PARAMS_TILE, KBIT_TAIL_STREAM, (kbit::matmul::tile_entry))               \
+    HOST(kbit_tile_host, KBIT_PARAMS_TILE, KBIT_TAIL_NONE, (kbit::matmul::tile_host))            \
+    GPU(kbit_untile, KBIT_PARAMS_UNTILE, KBIT_TAIL_STREAM, (kbit::matmul::untile_entry))         \
+    HOST(kbit_untile_host, KBIT_PARAMS_UNTILE, KBIT_TAIL_NONE, (kbit::matmul::untile_host))      \
+    GPU(kbit_matmul_kbit_tiled, KBIT_PARAMS_MATMUL_KBIT_TILED, KBIT_TAIL_MATMUL,                 \
+        (kbit::matmul::kbit_tiled_entry))                                                        \
+    HOST(kbit_matmul_kbit_tiled_host, KBIT_PARAMS_MATMUL_KBIT_TILED, KBIT_TAIL_NONE,             \
+         (kbit::matmul::kbit_tiled_host))
 
 #define KBIT_ALL_ENTRIES(GPU, HOST)                                                              \
     KBIT_KBIT_ENTRIES(GPU, HOST)                                                                 \
@@ -206,6 +226,9 @@
 #define KBIT_PARAMS_N_BLOCKSIZE(P0, P) P0(int64_t, n) P(int, blocksize)
 #define KBIT_PARAMS_COUNT(P0, P) P0(int64_t, count)
 #define KBIT_PARAMS_MATMUL_SHAPE(P0, P) P0(int64_t, m) P(int64_t, k_in) P(int64_t, n_out)
+#define KBIT_PARAMS_TILED_PACKED(P0, P) P0(int64_t, n_out) P(int64_t, k_in) P(int, k)
+#define KBIT_PARAMS_TILED_ABSMAX(P0, P) \
+    P0(int64_t, n_out) P(int64_t, k_in) P(kbit_absmax_format, absmax_format)
 #define KBIT_VALUE_ENTRIES(X)                                                                    \
     X(int, kbit_version, KBIT_PARAMS_VOID)                                                       \
     X(const char *, kbit_status_string, KBIT_PARAMS_STATUS)                                      \
@@ -217,7 +240,9 @@
     X(int64_t, kbit_nf4_packed_bytes, KBIT_PARAMS_N)                                             \
     X(int64_t, kbit_nf4_absmax_count, KBIT_PARAMS_N_BLOCKSIZE)                                   \
     X(int64_t, kbit_nf4_absmax2_count, KBIT_PARAMS_COUNT)                                        \
-    X(int64_t, kbit_matmul_workspace_bytes, KBIT_PARAMS_MATMUL_SHAPE)
+    X(int64_t, kbit_matmul_workspace_bytes, KBIT_PARAMS_MATMUL_SHAPE)                           \
+    X(int64_t, kbit_tiled_packed_bytes, KBIT_PARAMS_TILED_PACKED)                               \
+    X(int64_t, kbit_tiled_absmax_bytes, KBIT_PARAMS_TILED_ABSMAX)
 
 // ---- expanding rows -----------------------------------------------------------------------
 

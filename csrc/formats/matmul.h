@@ -8,6 +8,7 @@
 #include "bnb4.h"
 #include "gguf.h"
 #include "kbit.h"
+#include "kbit_tiled.h"
 
 namespace kbit {
 namespace matmul {
@@ -70,6 +71,27 @@ inline kbit_status check_matmul_kbit(const void *x, int64_t m, int64_t k_in, int
     if (n_out > 0 && k_in > 0) {
         KBIT_TRY(check_ptr(packed, "packed", 4));
         KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));
+        if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    }
+    return check_operands(x, bias, y, dtype, m, k_in, n_out);
+}
+
+// Tiled kbit (formats/kbit_tiled.h): as kbit, with the tiled arrays 16-byte aligned.
+inline kbit_status check_matmul_kbit_tiled(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                           kbit_dtype dtype, const void *tiled_packed,
+                                           const void *tiled_absmax, kbit_absmax_format fmt,
+                                           float tensor_scale, const float *codebook, int k,
+                                           const void *bias, const void *y) {
+    if (!valid_dtype(dtype))
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(dtype));
+    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
+    KBIT_TRY(check_common(0, 1, fmt, tensor_scale));
+    KBIT_TRY(check_shapes(dtype, m, k_in, n_out, kBlock, 4 * k));
+    if (tiled::packed_bytes(n_out, k_in, k) < 0 || tiled::absmax_bytes(n_out, k_in, fmt) < 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "the tiled weight exceeds the address space");
+    if (n_out > 0 && k_in > 0) {
+        KBIT_TRY(check_ptr(tiled_packed, "tiled_packed", 16));
+        KBIT_TRY(check_ptr(tiled_absmax, "tiled_absmax", 16));
         if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
     }
     return check_operands(x, bias, y, dtype, m, k_in, n_out);

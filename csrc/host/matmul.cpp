@@ -48,6 +48,38 @@ struct KbitRows {
     }
 };
 
+// Tiled kbit (formats/kbit_tiled.h): each chunk's words are rebuilt from the 4 lane
+// segments that hold its row, then decoded as stored.
+struct KbitTiledRows {
+    const uint8_t *packed;
+    const void *absmax;
+    kbit_absmax_format fmt;
+    float tensor_scale;
+    const float *codebook;  // resolved: never NULL
+    int k;
+    int64_t k_in;
+
+    void operator()(int64_t r, float *w) const {
+        const tiled::Geometry geo = tiled::geometry(r + 1, k_in);
+        const int sb = static_cast<int>(absmax_align(fmt));
+        const int g = static_cast<int>(r % 8), half = static_cast<int>((r % 16) / 8);
+        for (int64_t c = 0; c < geo.chunks; ++c) {
+            const int64_t seg0 = ((r / tiled::kTileRows) * geo.groups + c / tiled::kGroupChunks) *
+                                 tiled::kLanes;
+            const int u = static_cast<int>(c % tiled::kGroupChunks);
+            uint32_t words[5] = {0, 0, 0, 0, 0};
+            for (int t = 0; t < 4; ++t) {
+                const uint8_t *seg = packed + (seg0 + 4 * g + t) * 8 * k;
+                for (int i = 0; i < 4; ++i)
+                    tiled::set_pair(words, k, 8 * t + 2 * i,
+                                    tiled::get_field(seg, k, (2 * u + half) * 4 + i));
+            }
+            const float d = block_scale(fmt, absmax, tiled::scale_at(geo, r, c, sb) / sb, tensor_scale);
+            dequantize_block(words, k, codebook, d, kBlock, w + c * kBlock);
+        }
+    }
+};
+
 // NF4 / FP4: two codes per byte, one float32 scale per blocksize elements (SPEC section 2).
 template <class Fmt>
 struct Bnb4Rows {
@@ -156,6 +188,67 @@ kbit_status kbit_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
     return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
 }
 
+kbit_status kbit_tiled_host(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                            kbit_dtype dtype, const void *tiled_packed, const void *tiled_absmax,
+                            kbit_absmax_format fmt, float tensor_scale, const float *codebook, int k,
+                            const void *bias, void *y) {
+    KBIT_TRY(check_matmul_kbit_tiled(x, m, k_in, n_out, dtype, tiled_packed, tiled_absmax, fmt,
+                                     tensor_scale, codebook, k, bias, y));
+    const KbitTiledRows rows{static_cast<const uint8_t *>(tiled_packed), tiled_absmax, fmt,
+                             tensor_scale, resolve_codebook(codebook, k), k, k_in};
+    return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
+}
+
+// The tiled layout from the stored one and back (formats/kbit_tiled.h), segment by
+// segment; scales are copied one by one. Outputs are cleared first (padding is zero).
+kbit_status tile_host(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt, int k,
+                      int64_t n_out, int64_t k_in, void *tiled_packed, void *tiled_absmax) {
+    KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
+    if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
+    const tiled::Geometry geo = tiled::geometry(n_out, k_in);
+    const int sb = static_cast<int>(absmax_align(fmt));
+    auto *out = static_cast<uint8_t *>(tiled_packed);
+    std::fill(out, out + tiled::packed_bytes(n_out, k_in, k), uint8_t{0});
+    parallel_for(geo.tiles * geo.groups, 64, [&](int64_t first, int64_t last) {
+        for (int64_t s = first; s < last; ++s)
+            for (int lane = 0; lane < tiled::kLanes; ++lane)
+                tiled::tile_segment(packed, k, geo, n_out, s / geo.groups, s % geo.groups, lane,
+                                    out + (s * tiled::kLanes + lane) * 8 * k);
+    });
+    auto *sa = static_cast<uint8_t *>(tiled_absmax);
+    std::fill(sa, sa + tiled::absmax_bytes(n_out, k_in, fmt), uint8_t{0});
+    const auto *src = static_cast<const uint8_t *>(absmax);
+    for (int64_t r = 0; r < n_out; ++r)
+        for (int64_t c = 0; c < geo.chunks; ++c)
+            std::copy(src + (r * geo.chunks + c) * sb, src + (r * geo.chunks + c + 1) * sb,
+                      sa + tiled::scale_at(geo, r, c, sb));
+    return KBIT_SUCCESS;
+}
+
+kbit_status untile_host(const void *tiled_packed, const void *tiled_absmax, kbit_absmax_format fmt,
+                        int k, int64_t n_out, int64_t k_in, uint32_t *packed, void *absmax) {
+    KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
+    if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
+    const tiled::Geometry geo = tiled::geometry(n_out, k_in);
+    const int sb = static_cast<int>(absmax_align(fmt));
+    std::fill(packed, packed + n_out * geo.chunks * k, 0u);
+    const auto *in = static_cast<const uint8_t *>(tiled_packed);
+    parallel_for(geo.tiles * geo.groups, 64, [&](int64_t first, int64_t last) {
+        for (int64_t s = first; s < last; ++s)
+            for (int lane = 0; lane < tiled::kLanes; ++lane)
+                tiled::untile_segment(in + (s * tiled::kLanes + lane) * 8 * k, k, geo, n_out,
+                                      s / geo.groups, s % geo.groups, lane, packed);
+    });
+    const auto *sa = static_cast<const uint8_t *>(tiled_absmax);
+    auto *dst = static_cast<uint8_t *>(absmax);
+    for (int64_t r = 0; r < n_out; ++r)
+        for (int64_t c = 0; c < geo.chunks; ++c) {
+            const uint8_t *from = sa + tiled::scale_at(geo, r, c, sb);
+            std::copy(from, from + sb, dst + (r * geo.chunks + c) * sb);
+        }
+    return KBIT_SUCCESS;
+}
+
 template <class Fmt>
 kbit_status bnb4_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbit_dtype dtype,
                       const uint8_t *packed, const float *absmax, int blocksize,
@@ -185,4 +278,13 @@ KBIT_MATMUL_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
 // No shape needs a workspace yet: every matmul kernel is correct and complete without one.
 extern "C" KBIT_API int64_t kbit_matmul_workspace_bytes(int64_t m, int64_t k_in, int64_t n_out) {
     return (m < 0 || k_in < 0 || n_out < 0) ? -1 : 0;
+}
+
+extern "C" KBIT_API int64_t kbit_tiled_packed_bytes(int64_t n_out, int64_t k_in, int k) {
+    return kbit::tiled::packed_bytes(n_out, k_in, k);
+}
+
+extern "C" KBIT_API int64_t kbit_tiled_absmax_bytes(int64_t n_out, int64_t k_in,
+                                                    kbit_absmax_format absmax_format) {
+    return kbit::tiled::absmax_bytes(n_out, k_in, absmax_format);
 }

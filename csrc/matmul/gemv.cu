@@ -34,6 +34,7 @@
 #include "../core/cuda.cuh"
 #include "../core/dispatch.h"
 #include "../core/entries.h"
+#include "../formats/kbit_tiled.h"
 #include "../formats/matmul.h"
 
 namespace kbit {
@@ -502,6 +503,179 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
     store_tile<T>(acc, r0, m0, m, n_out, bias, y);
 }
 
+// Tiled kbit (formats/kbit_tiled.h): lane (g, t) loads its own 8K-byte segment of each
+// (tile, group) and the 4 scales of rows g and g+8 straight into registers, one group
+// ahead of the one it computes; each pair index is a fixed-position bit field of the
+// segment, so a pair costs a field extraction, an address and a table read. No shared
+// memory staging, no bit-plane transposes (the repack did them once).
+template <int K, kbit_absmax_format FMT>
+struct TiledGroup {
+    static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
+    uint32_t w[2 * K];   // the lane's segment
+    uint32_t s[2][kSB];  // rows g, g+8: 4 scales of kSB bytes each
+    uint4 x[4];          // x row g, elements 8t .. 8t+7 of the group's 4 chunks
+};
+
+template <int K>
+__device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], int f) {
+    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;  // f is a constant
+    const uint32_t lo = w[word] >> shift;
+    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
+    return v & ((1u << (2 * K)) - 1u);
+}
+
+template <class T, int K, kbit_absmax_format FMT>
+__global__ void __launch_bounds__(kThreads)
+gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
+                  float ts, const float *__restrict__ codebook,
+                  const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                  int64_t n_out, const typename T::storage *__restrict__ bias,
+                  typename T::storage *__restrict__ y) {
+    using Dec = KbitStaged<T, K, FMT>;  // its pair table
+    using Group = TiledGroup<K, FMT>;
+    constexpr int kSB = Group::kSB;
+    extern __shared__ uint4 smem[];
+    uint32_t *table = reinterpret_cast<uint32_t *>(smem);
+    __shared__ float book_max;
+    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * book_max
+    constexpr int copies = table_copies<Dec::kEntries>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    const float *cb = codebook ? codebook : g_normal_float.v[K - 2];
+    if (warp == 0) {
+        const float a = lane < (1 << K) ? fabsf(cb[lane]) : 0.0f;
+        const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
+        if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
+    }
+    __syncthreads();
+    const float inv_max = 1.0f / book_max, scale_mul = ts * book_max;
+    fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+    if constexpr (FMT == KBIT_ABSMAX_E4M4)
+        for (int c = threadIdx.x; c < 256; c += kThreads) e4m4_scale[c] = e4m4_decode(c) * scale_mul;
+    __syncthreads();
+
+    const int64_t chunks = k_in / kChunk, groups = (chunks + 3) / 4;
+    const int64_t tile = blockIdx.x, r0 = tile * kTileRows;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
+    const bool has_x = m0 + g < m;
+    const uint4 *xrow = reinterpret_cast<const uint4 *>(x + (m0 + g) * k_in) + t;
+    const uint32_t *my_table = table + lane % copies;
+
+    auto load = [&](Group &G, int64_t grp) {
+        const int64_t seg = (tile * groups + grp) * 32 + lane;
+        const uint8_t *wp = packed + seg * 8 * K;
+        if constexpr (K == 2) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(wp));
+            G.w[0] = v.x, G.w[1] = v.y, G.w[2] = v.z, G.w[3] = v.w;
+        } else if constexpr (K == 4) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4 *>(wp) + h);
+                G.w[4 * h] = v.x, G.w[4 * h + 1] = v.y, G.w[4 * h + 2] = v.z, G.w[4 * h + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < K; ++h) {
+                const uint2 v = __ldg(reinterpret_cast<const uint2 *>(wp) + h);
+                G.w[2 * h] = v.x, G.w[2 * h + 1] = v.y;
+            }
+        }
+        const uint8_t *sp = absmax + (tile * groups + grp) * (kTileRows * 4 * kSB);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *row = sp + (g + 8 * h) * 4 * kSB;
+            if constexpr (kSB == 1) {
+                G.s[h][0] = __ldg(reinterpret_cast<const uint32_t *>(row));
+            } else if constexpr (kSB == 2) {
+                const uint2 v = __ldg(reinterpret_cast<const uint2 *>(row));
+                G.s[h][0] = v.x, G.s[h][1] = v.y;
+            } else {
+                const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row));
+                G.s[h][0] = v.x, G.s[h][1] = v.y, G.s[h][2] = v.z, G.s[h][3] = v.w;
+            }
+        }
+        const int64_t c0 = grp * 4;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            G.x[u] = has_x && c0 + u < chunks ? __ldg(xrow + (c0 + u) * (kChunk / 8))
+                                              : make_uint4(0, 0, 0, 0);
+    };
+    auto chunk_scale = [&](const Group &G, int h, int u) {
+        if constexpr (kSB == 1) return e4m4_scale[(G.s[h][0] >> (8 * u)) & 0xFFu];
+        else if constexpr (kSB == 2)
+            return f16_bits_to_f32(static_cast<uint16_t>(G.s[h][u / 2] >> (16 * (u % 2)))) * scale_mul;
+        else return __uint_as_float(G.s[h][u]) * scale_mul;
+    };
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto compute = [&](const Group &G, int64_t grp) {
+        const int n = static_cast<int>(chunks - grp * 4 < 4 ? chunks - grp * 4 : 4);
+        auto one = [&](int u) {
+            uint32_t pa[4], pb[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                pa[i] = my_table[segment_field<K>(G.w, (2 * u) * 4 + i) * copies];
+                pb[i] = my_table[segment_field<K>(G.w, (2 * u + 1) * 4 + i) * copies];
+            }
+            chunk_mma<T>(pa, pb, G.x[u], chunk_scale(G, 0, u), chunk_scale(G, 1, u), acc);
+        };
+        if (n == 4) {  // every group but a row's last: no per-chunk branch
+#pragma unroll
+            for (int u = 0; u < 4; ++u) one(u);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (u < n) one(u);
+        }
+    };
+    // Two register buffers in turn: the next group's loads are in flight while this one
+    // is computed.
+    Group a, b;
+    if (warp < groups) load(a, warp);
+    for (int64_t grp = warp; grp < groups; grp += 2 * kWarps) {
+        if (grp + kWarps < groups) load(b, grp + kWarps);
+        compute(a, grp);
+        if (grp + kWarps >= groups) break;
+        if (grp + 2 * kWarps < groups) load(a, grp + 2 * kWarps);
+        compute(b, grp + kWarps);
+    }
+    store_tile<T>(acc, r0, m0, m, n_out, bias, y);
+}
+
+// One thread per (segment, lane): the lane's segment from the stored words (tile) or back
+// (untile); the scales one thread each. Padding: the tile kernel writes zero segments
+// for it, the launcher clears the tiled scales first.
+__global__ void tile_kernel(const uint32_t *__restrict__ packed, int k, tiled::Geometry geo,
+                            int64_t n_out, uint8_t *__restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= geo.tiles * geo.groups * tiled::kLanes) return;
+    uint8_t seg[40] = {};
+    const int64_t s = i / tiled::kLanes;
+    tiled::tile_segment(packed, k, geo, n_out, s / geo.groups, s % geo.groups,
+                        static_cast<int>(i % tiled::kLanes), seg);
+    for (int b = 0; b < 8 * k; ++b) out[i * 8 * k + b] = seg[b];
+}
+__global__ void untile_kernel(const uint8_t *__restrict__ in, int k, tiled::Geometry geo,
+                              int64_t n_out, uint32_t *__restrict__ packed) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= geo.tiles * geo.groups * tiled::kLanes) return;
+    const int64_t s = i / tiled::kLanes;
+    tiled::untile_segment(in + i * 8 * k, k, geo, n_out, s / geo.groups, s % geo.groups,
+                          static_cast<int>(i % tiled::kLanes), packed);
+}
+// Scales between the layouts: to_tiled copies stored -> tiled, else back.
+__global__ void tile_scales_kernel(const uint8_t *__restrict__ from, uint8_t *__restrict__ to,
+                                   tiled::Geometry geo, int64_t n_out, int sb, bool to_tiled) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_out * geo.chunks) return;
+    const int64_t at = tiled::scale_at(geo, i / geo.chunks, i % geo.chunks, sb);
+    for (int b = 0; b < sb; ++b) {
+        if (to_tiled) to[at + b] = from[i * sb + b];
+        else to[i * sb + b] = from[at + b];
+    }
+}
+
 // Raises a kernel's dynamic shared memory limit to `bytes` on the current device (once
 // per device and larger size). Always, also below 48 KB: the kernel's static shared
 // memory counts against the same default limit.
@@ -719,6 +893,86 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                              bias, y, stream);
     }
     return cuda_status(err, "kbit_matmul_kbit launch");
+}
+
+kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                             kbit_dtype dtype, const void *tiled_packed, const void *tiled_absmax,
+                             kbit_absmax_format fmt, float ts, const float *codebook, int k,
+                             const void *bias, void *y, void *workspace, size_t workspace_bytes,
+                             kbit_stream_t stream) {
+    KBIT_TRY(check_matmul_kbit_tiled(x, m, k_in, n_out, dtype, tiled_packed, tiled_absmax, fmt, ts,
+                                     codebook, k, bias, y));
+    KBIT_TRY(check_workspace(workspace, workspace_bytes));
+    if (m == 0 || n_out == 0) return KBIT_SUCCESS;
+    if (!mma_ok(dtype, x))
+        return fail(KBIT_ERROR_NOT_SUPPORTED,
+                    "the tiled matmul takes fp16 or bf16 x on 16-byte boundaries; use "
+                    "kbit_matmul_kbit on the stored weight for fp32 or unaligned x");
+    cudaError_t err = cudaSuccess;
+    with_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, F32>) {
+            with_k(k, [&](auto kc) {
+                with_format(fmt, [&](auto f) {
+                    constexpr int K = kc.value;
+                    constexpr kbit_absmax_format F = decltype(f)::value;
+                    using S = typename T::storage;
+                    const int smem = table_bytes<KbitStaged<T, K, F>>();
+                    err = allow_smem<gemv_tiled_kernel<T, K, F>>(smem);
+                    if (err != cudaSuccess) return;
+                    cudaGetLastError();
+                    gemv_tiled_kernel<T, K, F><<<tile_grid(m, n_out), kThreads, smem, stream>>>(
+                        static_cast<const uint8_t *>(tiled_packed),
+                        static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
+                        static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
+                        static_cast<S *>(y));
+                    err = launch_error();
+                });
+                return KBIT_SUCCESS;
+            });
+        }
+        return KBIT_SUCCESS;
+    });
+    return cuda_status(err, "kbit_matmul_kbit_tiled launch");
+}
+
+kbit_status tile_entry(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt, int k,
+                       int64_t n_out, int64_t k_in, void *tiled_packed, void *tiled_absmax,
+                       kbit_stream_t stream) {
+    KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
+    if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
+    const tiled::Geometry geo = tiled::geometry(n_out, k_in);
+    const int sb = static_cast<int>(absmax_align(fmt));
+    cudaGetLastError();
+    cudaError_t err = cudaMemsetAsync(tiled_absmax, 0, tiled::absmax_bytes(n_out, k_in, fmt), stream);
+    if (err == cudaSuccess) {
+        const int64_t threads = geo.tiles * geo.groups * tiled::kLanes;
+        tile_kernel<<<static_cast<unsigned>(blocks_of(threads, kThreads)), kThreads, 0, stream>>>(
+            packed, k, geo, n_out, static_cast<uint8_t *>(tiled_packed));
+        tile_scales_kernel<<<static_cast<unsigned>(blocks_of(n_out * geo.chunks, kThreads)),
+                             kThreads, 0, stream>>>(static_cast<const uint8_t *>(absmax),
+                                                    static_cast<uint8_t *>(tiled_absmax), geo,
+                                                    n_out, sb, true);
+        err = launch_error();
+    }
+    return cuda_status(err, "kbit_tile launch");
+}
+
+kbit_status untile_entry(const void *tiled_packed, const void *tiled_absmax, kbit_absmax_format fmt,
+                         int k, int64_t n_out, int64_t k_in, uint32_t *packed, void *absmax,
+                         kbit_stream_t stream) {
+    KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
+    if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
+    const tiled::Geometry geo = tiled::geometry(n_out, k_in);
+    const int sb = static_cast<int>(absmax_align(fmt));
+    cudaGetLastError();
+    const int64_t threads = geo.tiles * geo.groups * tiled::kLanes;
+    untile_kernel<<<static_cast<unsigned>(blocks_of(threads, kThreads)), kThreads, 0, stream>>>(
+        static_cast<const uint8_t *>(tiled_packed), k, geo, n_out, packed);
+    tile_scales_kernel<<<static_cast<unsigned>(blocks_of(n_out * geo.chunks, kThreads)), kThreads,
+                         0, stream>>>(static_cast<const uint8_t *>(tiled_absmax),
+                                      static_cast<uint8_t *>(absmax), geo, n_out, sb, false);
+    return cuda_status(launch_error(), "kbit_untile launch");
 }
 
 template <class Fmt>

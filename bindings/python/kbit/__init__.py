@@ -11,9 +11,10 @@ from .bnb4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf
 from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
 from .gguf import GGUFTensor
 from .matmul import matmul
+from .tiled import TiledTensor, tile, untile
 
 __all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
            "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
            "dequantize_nf4", "gguf", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
-           "quantize_nf4", "version"]
+           "quantize_nf4", "tile", "TiledTensor", "untile", "version"]
 __version__ = "0.1.0"

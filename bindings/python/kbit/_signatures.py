@@ -88,9 +88,17 @@ _MATMUL_WEIGHT = {
     "nf4": (_P, _P, _INT),                    # packed, absmax (float32), blocksize
     "fp4": (_P, _P, _INT),
     "gguf": (_INT, _P),                       # ggml_type, blocks
+    "kbit_tiled": (_P, _P, _INT, _F32, _P, _INT),  # tiled packed, tiled absmax, format,
+                                                   # tensor_scale, codebook, k
 }
 for _fmt, _weight in _MATMUL_WEIGHT.items():
     _launch(f"kbit_matmul_{_fmt}", _MATMUL_HEAD + _weight + (_P, _P), tail=_WORKSPACE)
 _add("kbit_matmul_workspace_bytes", (_I64, _I64, _I64), _I64)
+
+# Tiled kbit weights (the matmul's one-time repack): sizes, tile, untile.
+_add("kbit_tiled_packed_bytes", (_I64, _I64, _INT), _I64)
+_add("kbit_tiled_absmax_bytes", (_I64, _I64, _INT), _I64)
+_launch("kbit_tile", (_P, _P, _INT, _INT, _I64, _I64, _P, _P))
+_launch("kbit_untile", (_P, _P, _INT, _INT, _I64, _I64, _P, _P))
 
 del _t, _k, _f, _q, _fmt, _weight

@@ -23,7 +23,9 @@ from . import gguf as _gguf
 from . import kbit as _kbit
 from ._lib import KbitError, status_code
 from .bnb4 import Quantized4bit
+from . import tiled as _tiled
 from .kbit import QuantizedTensor
+from .tiled import TiledTensor
 
 __all__ = ["matmul"]
 
@@ -34,12 +36,12 @@ def _is_gguf(w) -> bool:
 
 def _storage(w):
     """The array that tells where w lives."""
-    if isinstance(w, (QuantizedTensor, Quantized4bit)):
+    if isinstance(w, (QuantizedTensor, TiledTensor, Quantized4bit)):
         return w.packed
     if _is_gguf(w):
         return w.blocks
-    raise KbitError(f"matmul takes a kbit.QuantizedTensor, kbit.Quantized4bit or GGUF tensor "
-                    f"(blocks, ggml_type, shape), got {type(w).__name__}")
+    raise KbitError(f"matmul takes a kbit.QuantizedTensor, kbit.TiledTensor, kbit.Quantized4bit "
+                    f"or GGUF tensor (blocks, ggml_type, shape), got {type(w).__name__}")
 
 
 def _weight_shape(w) -> tuple[int, int]:
@@ -64,6 +66,9 @@ def _weight(w, wplace: _arrays.Place, place: _arrays.Place, n_out: int, k_in: in
         args = [packed.ptr, am.ptr, _kbit._FORMAT_ID[w.absmax_format],
                 ctypes.c_float(w.tensor_scale), place.ptr(cb_here), w.k]
         return "kbit", args, (packed, am, cb_here)
+    if isinstance(w, TiledTensor):
+        args, keep = _tiled.matmul_args(w, wplace, place)
+        return "kbit_tiled", args, keep
     if isinstance(w, Quantized4bit):
         _bnb4._check_args(w.quant_type, w.blocksize)
         if w.nested and w.offset is None:
@@ -116,8 +121,8 @@ def _rows(shape, k_in: int) -> int:
 def matmul(x, w, bias=None, *, dtype=None, out=None):
     """y = x @ W.T (+ bias) with W = w dequantized, never materialised.
 
-    w: a kbit.QuantizedTensor or kbit.Quantized4bit (NF4/FP4, nested states included) of
-    shape (n_out, k_in), or a GGUF tensor (kbit.gguf.GGUFTensor, or any object with
+    w: a kbit.QuantizedTensor, kbit.TiledTensor (kbit.tile: the fastest on the GPU) or
+    kbit.Quantized4bit (NF4/FP4, nested states included) of shape (n_out, k_in), or a GGUF tensor (kbit.gguf.GGUFTensor, or any object with
     blocks, ggml_type and shape (n_out, k_in)). x: shape (..., k_in), float32, float16
     or bfloat16; the result has shape (..., n_out) and x's dtype, where x lives. bias:
     None or n_out elements of x's dtype, where x lives. dtype: only for host bfloat16 x,

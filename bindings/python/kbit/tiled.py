@@ -1,0 +1,127 @@
+"""Tiled kbit weights: a one-time repack of a kbit weight for the fused matmul.
+
+    >>> q = kbit.quantize(w, k=4)        # w: (n_out, k_in), k_in a multiple of 32
+    >>> t = kbit.tile(q)                 # same bits, in the order the GPU matmul reads them
+    >>> y = kbit.matmul(x, t)            # the same result as kbit.matmul(x, q), faster
+    >>> q2 = kbit.untile(t)              # q's bytes back, exactly
+
+The layout is written out in csrc/formats/kbit_tiled.h (rows in tiles of 16, blocks in
+groups of 4, zero padding to whole tiles). The arrays live where q lives; tile and untile
+run on q's device and stream (or on the CPU for numpy).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _arrays
+from . import kbit as _kbit
+from ._lib import KbitError, size
+from ._quantized import QuantizedBase
+from .kbit import QuantizedTensor
+
+__all__ = ["TiledTensor", "tile", "untile"]
+
+
+@dataclass
+class TiledTensor(QuantizedBase):
+    """A kbit weight of shape (n_out, k_in) in the tiled layout: `packed` and `absmax` are
+    uint8 arrays of kbit_tiled_packed_bytes / kbit_tiled_absmax_bytes bytes, numpy or
+    device arrays of the source's framework; the other fields are QuantizedTensor's."""
+    packed: Any
+    absmax: Any
+    k: int
+    shape: tuple
+    dtype: str
+    absmax_format: str = "e4m4"
+    tensor_scale: float = 1.0
+    codebook: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_sizes(self.shape, self.k, self.absmax_format))
+
+
+def _shape(shape) -> tuple[int, int]:
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 2 or shape[1] % 32:
+        raise KbitError(f"a tiled weight is 2-D (n_out, k_in) with k_in a multiple of 32, "
+                        f"got shape {shape}")
+    return shape
+
+
+def _sizes(shape, k: int, absmax: str) -> tuple[int, int]:
+    n_out, k_in = _shape(shape)
+    return (size("kbit_tiled_packed_bytes", n_out, k_in, k),
+            size("kbit_tiled_absmax_bytes", n_out, k_in, _kbit._FORMAT_ID[absmax]))
+
+
+def _aligned_empty(place: _arrays.Place, nbytes: int):
+    """nbytes of uint8 where `place` is, 16-byte aligned (the C functions require it)."""
+    if place.on_device:  # framework allocations are at least 256-byte aligned
+        return place.empty((nbytes,), "uint8")
+    raw = np.empty(nbytes + 16, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 16
+    return raw[start:start + nbytes]
+
+
+def _bytes_view(place: _arrays.Place, arr, what: str, nbytes: int):
+    view = place.view(arr, what, lambda a: np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    if view.nbytes != nbytes:
+        raise KbitError(f"{what} has {view.nbytes} bytes, the tiled layout needs {nbytes}")
+    return view
+
+
+def tile(q: QuantizedTensor) -> TiledTensor:
+    """q (a 2-D kbit weight, k_in a multiple of 32) repacked for kbit.matmul."""
+    if not isinstance(q, QuantizedTensor):
+        raise KbitError(f"tile takes a kbit.QuantizedTensor, got {type(q).__name__}")
+    n_out, k_in = _shape(q.shape)
+    _kbit._check_args(q.k, q.absmax_format, q.codebook)
+    place = _arrays.place_of(q.packed, "packed")
+    packed = place.view(q.packed, "packed", lambda a: _kbit._host_field(a, "uint32", "packed", q))
+    am = place.view(q.absmax, "absmax",
+                    lambda a: _kbit._host_field(a, _kbit._ABSMAX_NP[q.absmax_format], "absmax", q))
+    _kbit._check_sizes(packed.size, am.size, q)
+    pbytes, abytes = _sizes(q.shape, q.k, q.absmax_format)
+    tp, ta = _aligned_empty(place, pbytes), _aligned_empty(place, abytes)
+    with place.active():
+        place.call("kbit_tile", packed.ptr, am.ptr, _kbit._FORMAT_ID[q.absmax_format], q.k,
+                   n_out, k_in, place.ptr(tp), place.ptr(ta))
+    return TiledTensor(tp, ta, q.k, (n_out, k_in), q.dtype, q.absmax_format, q.tensor_scale,
+                       q.codebook)
+
+
+def untile(t: TiledTensor) -> QuantizedTensor:
+    """The stored kbit weight of t, exactly as kbit.quantize made it."""
+    if not isinstance(t, TiledTensor):
+        raise KbitError(f"untile takes a kbit.TiledTensor, got {type(t).__name__}")
+    n_out, k_in = _shape(t.shape)
+    _kbit._check_args(t.k, t.absmax_format, t.codebook)
+    place = _arrays.place_of(t.packed, "packed")
+    pbytes, abytes = _sizes(t.shape, t.k, t.absmax_format)
+    tp = _bytes_view(place, t.packed, "packed", pbytes)
+    ta = _bytes_view(place, t.absmax, "absmax", abytes)
+    words, entries = _kbit._sizes(n_out * k_in, t.k, t.absmax_format)
+    packed = place.empty((words,), "uint32")
+    absmax = place.empty((entries,), _kbit._ABSMAX_NP[t.absmax_format])
+    with place.active():
+        place.call("kbit_untile", tp.ptr, ta.ptr, _kbit._FORMAT_ID[t.absmax_format], t.k, n_out,
+                   k_in, place.ptr(packed), place.ptr(absmax))
+    return QuantizedTensor(packed, absmax, t.k, (n_out, k_in), t.dtype, t.absmax_format,
+                           t.tensor_scale, t.codebook)
+
+
+def matmul_args(t: TiledTensor, wplace: _arrays.Place, place: _arrays.Place):
+    """(the format arguments of kbit_matmul_kbit_tiled, views to keep alive)."""
+    cb = _kbit._check_args(t.k, t.absmax_format, t.codebook)
+    pbytes, abytes = _sizes(t.shape, t.k, t.absmax_format)
+    tp = _bytes_view(wplace, t.packed, "packed", pbytes)
+    ta = _bytes_view(wplace, t.absmax, "absmax", abytes)
+    cb_here = place.upload(cb) if cb is not None else None
+    args = [tp.ptr, ta.ptr, _kbit._FORMAT_ID[t.absmax_format], ctypes.c_float(t.tensor_scale),
+            place.ptr(cb_here), t.k]
+    return args, (tp, ta, cb_here)

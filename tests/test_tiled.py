@@ -1,0 +1,135 @@
+"""Tiled kbit weights (kbit.tile / kbit.untile, kbit_matmul_kbit_tiled): the repack is
+lossless, the tiled matmul computes what the stored one does, bad arguments are refused
+with nothing written, and the GPU agrees with the CPU."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import kbit
+from kbit._lib import function
+from conftest import requires_gpu
+from test_matmul import (TOL, as_f64, check_accuracy, cuda_x, from_cuda, kbit_weight,
+                         magnitude, random_x, reference)
+
+FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
+SHAPES = ((1, 32), (7, 96), (17, 160), (33, 4096), (131, 128))
+S_OK, S_INVALID, S_NULL, S_MISALIGNED = 0, 1, 2, 3
+
+
+def aligned_bytes(nbytes, fill=0xA5, offset=0):
+    """nbytes of uint8 at a 16-byte boundary (+ offset), filled with `fill`."""
+    raw = np.full(nbytes + 32, fill, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 16 + offset
+    return raw[start:start + nbytes]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_round_trip_and_sizes(rng, k, fmt):
+    for n_out, k_in in SHAPES:
+        q, _ = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(q)
+        tiles, groups = -(-n_out // 16), -(-(k_in // 32) // 4)
+        sb = {"fp32": 4, "fp16": 2, "e4m4": 1}[fmt]
+        assert t.packed.nbytes == tiles * 16 * groups * 4 * 4 * k
+        assert t.absmax.nbytes == tiles * 16 * groups * 4 * sb
+        assert t.nbytes == t.packed.nbytes + t.absmax.nbytes
+        # every stored bit lands somewhere: same number of set bits, the rest is padding
+        assert (np.unpackbits(t.packed).sum() ==
+                np.unpackbits(np.asarray(q.packed).view(np.uint8)).sum())
+        back = kbit.untile(t)
+        assert np.array_equal(back.packed, q.packed), (k, fmt, n_out, k_in)
+        assert np.array_equal(np.asarray(back.absmax).view(np.uint8),
+                              np.asarray(q.absmax).view(np.uint8))
+
+
+def test_zero_weight_tiles_to_zeros():
+    q = kbit.quantize(np.zeros((20, 96), np.float32), k=3, codebook=np.linspace(
+        -1, 1, 8).astype(np.float32) + np.float32(0.01))
+    t = kbit.tile(q)
+    assert not np.any(t.absmax)  # zero blocks have zero scales; padding too
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_host_tiled_matmul_equals_stored(rng, k, dtype):
+    for i, (n_out, k_in) in enumerate(SHAPES):
+        fmt = list(FORMATS)[i % 3]
+        cb = np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32) if i % 2 else None
+        q, _ = kbit_weight(rng, n_out, k_in, k, fmt, codebook=cb,
+                           tensor_scale="custom" if i == 2 else None)
+        t = kbit.tile(q)
+        for m in (0, 1, 3, 9):
+            x = random_x(rng, (m, k_in), dtype)
+            bias = random_x(rng, (n_out,), dtype) if m % 2 else None
+            kw = dict(dtype=dtype) if dtype == "bfloat16" else {}
+            y_stored = kbit.matmul(x, q, bias, **kw)
+            y_tiled = kbit.matmul(x, t, bias, **kw)
+            assert np.array_equal(y_stored, y_tiled), (k, dtype, n_out, k_in, m)
+
+
+def test_bad_arguments_write_nothing(rng):
+    n_out, k_in, k, fmt = 17, 96, 4, "e4m4"
+    q, _ = kbit_weight(rng, n_out, k_in, k, fmt)
+    pb = function("kbit_tiled_packed_bytes")(n_out, k_in, k)
+    ab = function("kbit_tiled_absmax_bytes")(n_out, k_in, FORMATS[fmt])
+    tile = function("kbit_tile_host")
+    cases = [  # (format, k, n_out, k_in, tiled packed offset, tiled absmax offset, status)
+        (FORMATS[fmt], 1, n_out, k_in, 0, 0, S_INVALID),
+        (7, k, n_out, k_in, 0, 0, S_INVALID),
+        (FORMATS[fmt], k, n_out, 40, 0, 0, S_INVALID),
+        (FORMATS[fmt], k, -1, k_in, 0, 0, S_INVALID),
+        (FORMATS[fmt], k, n_out, k_in, None, 0, S_NULL),
+        (FORMATS[fmt], k, n_out, k_in, 4, 0, S_MISALIGNED),
+        (FORMATS[fmt], k, n_out, k_in, 0, 1, S_MISALIGNED)]
+    for f, kk, rows, cols, p_off, a_off, status in cases:
+        tp = aligned_bytes(pb, offset=p_off) if p_off is not None else None
+        ta = aligned_bytes(ab, offset=a_off)
+        assert tile(q.packed.ctypes.data, q.absmax.ctypes.data, f, kk, rows, cols,
+                    tp.ctypes.data if tp is not None else None, ta.ctypes.data) == status
+        assert (tp is None or np.all(tp == 0xA5)) and np.all(ta == 0xA5), "written on failure"
+    assert function("kbit_tiled_packed_bytes")(n_out, 40, k) == -1
+    assert function("kbit_tiled_packed_bytes")(n_out, k_in, 6) == -1
+    assert function("kbit_tiled_absmax_bytes")(-1, k_in, 2) == -1
+    assert function("kbit_tiled_absmax_bytes")(n_out, k_in, 3) == -1
+    # the tiled matmul's own checks: misaligned tiled arrays
+    t = kbit.tile(q)
+    x = random_x(rng, (2, k_in), "float32")
+    y = np.full((2, n_out), np.nan, np.float32)
+    shifted = aligned_bytes(pb + 1, offset=1)
+    assert function("kbit_matmul_kbit_tiled_host")(
+        x.ctypes.data, 2, k_in, n_out, 0, shifted.ctypes.data, t.absmax.ctypes.data,
+        FORMATS[fmt], ctypes.c_float(1.0), None, k, None, y.ctypes.data) == S_MISALIGNED
+    assert np.all(np.isnan(y))
+    with pytest.raises(kbit.KbitError):
+        kbit.tile(kbit.quantize(np.ones((4, 40), np.float32), k=4))  # k_in not a multiple of 32
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_gpu_tile_and_matmul(rng, k, dtype):
+    import torch
+    for i, (n_out, k_in) in enumerate(SHAPES):
+        fmt = list(FORMATS)[i % 3]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t_host = kbit.tile(q)
+        qd = kbit.QuantizedTensor(torch.from_numpy(q.packed.view(np.int32)).cuda(),
+                                  torch.from_numpy(np.asarray(q.absmax)).cuda(), q.k, q.shape,
+                                  q.dtype, q.absmax_format, q.tensor_scale, q.codebook)
+        t = kbit.tile(qd)
+        torch.cuda.synchronize()
+        assert np.array_equal(t.packed.cpu().numpy(), t_host.packed)
+        assert np.array_equal(t.absmax.cpu().numpy(), t_host.absmax)
+        back = kbit.untile(t)
+        assert np.array_equal(back.packed.cpu().numpy().view(np.uint32), q.packed)
+        for m in (1, 2, 4, 8, 16, 33):
+            x = random_x(rng, (m, k_in), dtype)
+            y = from_cuda(kbit.matmul(cuda_x(x, dtype), t), dtype)
+            scale = magnitude(x, w64, dtype)
+            check_accuracy(y, reference(x, w64, None, dtype), dtype, f"tiled K={k} m={m}", scale)
+            y_host = kbit.matmul(x, t_host, dtype=dtype if dtype == "bfloat16" else None)
+            diff = np.linalg.norm(as_f64(y, dtype) - as_f64(y_host, dtype))
+            ref = max(np.linalg.norm(reference(x, w64, None, dtype)), scale, 1e-30)
+            assert diff <= TOL[dtype] * ref
