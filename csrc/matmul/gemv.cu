@@ -518,6 +518,8 @@ struct TiledGroup {
 
 template <int K>
 __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], int f) {
+    if constexpr (K == 4)  // byte fields: one byte permute
+        return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
     const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;  // f is a constant
     const uint32_t lo = w[word] >> shift;
     const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
@@ -525,7 +527,7 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], in
 }
 
 template <class T, int K, kbit_absmax_format FMT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
