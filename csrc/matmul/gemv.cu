@@ -527,7 +527,7 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], in
 }
 
 template <class T, int K, kbit_absmax_format FMT>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
