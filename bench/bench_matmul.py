@@ -744,36 +744,27 @@ class Bench:
             if not self.check_alive():
                 return
 
-        # 2. dequantize into a preallocated scratch + cuBLAS
+        # 2. dequantize into a preallocated scratch + cuBLAS; 3. bitsandbytes' own NF4/FP4
+        # path (its GEMV kernel at m = 1), which quantizes W to the same bytes, so the same
+        # reference holds
         flat = scratch.view(-1)
-        try:
-            def deq_mm():
-                dequant(self.dtype_name, out=flat)
-                return torch.matmul(x, scratch.t())
-            y = deq_mm()
-            torch.cuda.synchronize()
-            r["deq_cublas"] = {"rel_err": rel_err(y)}
-            del y
-            r["deq_cublas"].update(with_rates(self.timer.measure(deq_mm), nbytes, flops, copy_gbps))
-        except Exception as e:
-            r["deq_cublas"] = {"error": _err_text(e)}
-            if not self.check_alive():
-                return
 
-        # 3. bitsandbytes' own NF4/FP4 path (gemv kernel at m = 1)
+        def deq_mm():
+            dequant(self.dtype_name, out=flat)
+            return torch.matmul(x, scratch.t())
+        peers = [("deq_cublas", deq_mm)]
         if bnb_state is not None:
             packed, state = bnb_state
+            peers.append(("bnb", lambda: self.bnb.matmul_4bit(x, packed.t(), quant_state=state)))
+        for key, fn in peers:
             try:
-                bnb = self.bnb
-                fn = lambda: bnb.matmul_4bit(x, packed.t(), quant_state=state)  # noqa: E731
                 y = fn()
                 torch.cuda.synchronize()
-                # bnb quantizes the same W to the same bytes, so the same reference holds
-                r["bnb"] = {"rel_err": rel_err(y)}
+                r[key] = {"rel_err": rel_err(y)}
                 del y
-                r["bnb"].update(with_rates(self.timer.measure(fn), nbytes, flops, copy_gbps))
+                r[key].update(with_rates(self.timer.measure(fn), nbytes, flops, copy_gbps))
             except Exception as e:
-                r["bnb"] = {"error": _err_text(e)}
+                r[key] = {"error": _err_text(e)}
                 if not self.check_alive():
                     return
 

@@ -9,11 +9,10 @@ import subprocess
 
 import pytest
 
-import kbit
 from kbit._signatures import SIGNATURES
 
 from conftest import ROOT
-from test_signatures import _ctype, _same, header_declarations
+from test_signatures import _same, c_signature, exported_symbols, header_declarations
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
@@ -34,14 +33,8 @@ def list_entries() -> dict:
                          input=_DUMP, capture_output=True, text=True, check=True).stdout
     rows = {}
     for m in re.finditer(r"ENTRY\s+(\w+)\s*\|\s*([^|]+?)\s*\|\s*([^;]*);", out):
-        name, ret, params = m.group(1), m.group(2), m.group(3).strip()
-        assert name not in rows, f"{name} is listed twice"
-        args = []
-        if params != "void":
-            for p in params.split(","):
-                p = re.sub(r"\bconst\b", "", p) if "*" in p and "char" not in p else p
-                args.append(_ctype(re.sub(r"\w+\s*$", "", p.strip())))
-        rows[name] = (tuple(args), _ctype(ret))
+        assert m.group(1) not in rows, f"{m.group(1)} is listed twice"
+        rows[m.group(1)] = c_signature(m.group(2), m.group(3))
     return rows
 
 
@@ -69,12 +62,5 @@ def test_the_python_table_has_every_row_with_its_types():
 
 
 @needs_cc
-@pytest.mark.skipif(shutil.which("nm") is None, reason="nm (binutils) not installed")
 def test_the_library_exports_exactly_the_rows():
-    path = os.path.join(os.path.dirname(kbit.__file__), "libkbit.so")
-    if not os.path.exists(path):
-        pytest.skip("libkbit.so is not next to the package")
-    out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True,
-                         text=True, check=True).stdout
-    exported = {line.split()[-1] for line in out.splitlines() if " T " in line}
-    assert exported == set(list_entries())
+    assert exported_symbols() == set(list_entries())

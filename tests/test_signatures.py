@@ -57,20 +57,22 @@ def _expand_macros(text: str) -> str:
         body = new
 
 
+def c_signature(ret: str, params: str) -> tuple:
+    """(argtypes, restype) of a C declaration's return type and parameter list."""
+    args = []
+    if params.strip() != "void":
+        for p in params.split(","):
+            p = re.sub(r"\bconst\b", "", p) if "*" in p and "char" not in p else p
+            args.append(_ctype(re.sub(r"\w+\s*$", "", p.strip())))
+    return tuple(args), _ctype(ret)
+
+
 def header_declarations() -> dict:
     """{name: (argtypes, restype)} of every KBIT_API function declared in kbit.h."""
     text = _expand_macros(open(HEADER).read())
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    decls = {}
-    for m in re.finditer(r"KBIT_API\s+([^;(]*?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", text):
-        ret, name, params = m.group(1), m.group(2), m.group(3).strip()
-        args = []
-        if params != "void":
-            for p in params.split(","):
-                p = re.sub(r"\bconst\b", "", p) if "*" in p and "char" not in p else p
-                args.append(_ctype(re.sub(r"\w+\s*$", "", p.strip())))
-        decls[name] = (tuple(args), _ctype(ret))
-    return decls
+    return {m.group(2): c_signature(m.group(1), m.group(3))
+            for m in re.finditer(r"KBIT_API\s+([^;(]*?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", text)}
 
 
 def _same(a, b) -> bool:
@@ -103,8 +105,10 @@ def test_table_holds_only_header_functions():
     assert set(SIGNATURES) - set(header_declarations()) == set()
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="nm (binutils) not installed")
-def test_every_exported_symbol_is_in_the_table():
+def exported_symbols() -> set:
+    """The functions the library next to the package exports (skips without it or nm)."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not installed")
     path = os.path.join(os.path.dirname(kbit.__file__), "libkbit.so")
     if not os.path.exists(path):
         pytest.skip("libkbit.so is not next to the package")
@@ -112,6 +116,11 @@ def test_every_exported_symbol_is_in_the_table():
                          text=True, check=True).stdout
     exported = {line.split()[-1] for line in out.splitlines() if " T " in line}
     assert exported, out
+    return exported
+
+
+def test_every_exported_symbol_is_in_the_table():
+    exported = exported_symbols()
     assert exported - set(SIGNATURES) == set()
     assert set(SIGNATURES) - exported <= {n for n in SIGNATURES if "_matmul_" in n}
 

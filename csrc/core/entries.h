@@ -90,6 +90,12 @@
 
 // ---- the rows ---------------------------------------------------------------------------
 
+// ROWS(FMT, F, TAG, T, GPU, HOST) for every element type (tag, C name) of a format.
+#define KBIT_ROWS_OF_TYPES_(ROWS, FMT, F, GPU, HOST) \
+    ROWS(FMT, F, kbit::F16, fp16, GPU, HOST)         \
+    ROWS(FMT, F, kbit::BF16, bf16, GPU, HOST)        \
+    ROWS(FMT, F, kbit::F32, fp32, GPU, HOST)
+
 // (type tag, C type name) x K for the kbit family's per-type symbols.
 #define KBIT_KBIT_ROWS_OF_(TAG, T, K, GPU, HOST)                                                  \
     GPU(cquantize_kbit_##T##_k##K, KBIT_PARAMS_KBIT_QUANTIZE, KBIT_TAIL_STREAM,                    \
@@ -137,14 +143,9 @@
         (kbit::bnb4::dequantize_dq<FMT, TAG>))                                                     \
     HOST(cdequantize_##F##_dq_##T##_host, KBIT_PARAMS_BNB4_DEQUANTIZE_DQ, KBIT_TAIL_NONE,          \
          (kbit::bnb4::dequantize_dq_host<FMT, TAG>))
-#define KBIT_BNB4_ROWS_OF_FORMAT_(FMT, F, GPU, HOST)           \
-    KBIT_BNB4_ROWS_OF_(FMT, F, kbit::F16, fp16, GPU, HOST)     \
-    KBIT_BNB4_ROWS_OF_(FMT, F, kbit::BF16, bf16, GPU, HOST)    \
-    KBIT_BNB4_ROWS_OF_(FMT, F, kbit::F32, fp32, GPU, HOST)
-
 #define KBIT_BNB4_ENTRIES(GPU, HOST)                                                              \
-    KBIT_BNB4_ROWS_OF_FORMAT_(kbit::bnb4::Nf4, nf4, GPU, HOST)                                    \
-    KBIT_BNB4_ROWS_OF_FORMAT_(kbit::bnb4::Fp4, fp4, GPU, HOST)                                    \
+    KBIT_ROWS_OF_TYPES_(KBIT_BNB4_ROWS_OF_, kbit::bnb4::Nf4, nf4, GPU, HOST)                     \
+    KBIT_ROWS_OF_TYPES_(KBIT_BNB4_ROWS_OF_, kbit::bnb4::Fp4, fp4, GPU, HOST)                     \
     GPU(kbit_nf4_absmax_mean, KBIT_PARAMS_BNB4_ABSMAX_MEAN, KBIT_TAIL_STREAM,                     \
         (kbit::bnb4::absmax_mean))                                                                \
     HOST(kbit_nf4_absmax_mean_host, KBIT_PARAMS_BNB4_ABSMAX_MEAN, KBIT_TAIL_NONE,                 \
@@ -166,17 +167,12 @@
         (kbit::gguf::dequantize<FMT, TAG>))                                                       \
     HOST(cdequantize_##Q##_##T##_host, KBIT_PARAMS_GGUF_DEQUANTIZE, KBIT_TAIL_NONE,               \
          (kbit::gguf::dequantize_host<FMT, TAG>))
-#define KBIT_GGUF_ROWS_OF_FORMAT_(FMT, Q, GPU, HOST)          \
-    KBIT_GGUF_ROWS_OF_(FMT, Q, kbit::F16, fp16, GPU, HOST)    \
-    KBIT_GGUF_ROWS_OF_(FMT, Q, kbit::BF16, bf16, GPU, HOST)   \
-    KBIT_GGUF_ROWS_OF_(FMT, Q, kbit::F32, fp32, GPU, HOST)
-
 #define KBIT_GGUF_ENTRIES(GPU, HOST)                                                             \
-    KBIT_GGUF_ROWS_OF_FORMAT_(kbit::gguf::Q4_0, q4_0, GPU, HOST)                                 \
-    KBIT_GGUF_ROWS_OF_FORMAT_(kbit::gguf::Q8_0, q8_0, GPU, HOST)                                 \
-    KBIT_GGUF_ROWS_OF_FORMAT_(kbit::gguf::Q4_K, q4_K, GPU, HOST)                                 \
-    KBIT_GGUF_ROWS_OF_FORMAT_(kbit::gguf::Q5_K, q5_K, GPU, HOST)                                 \
-    KBIT_GGUF_ROWS_OF_FORMAT_(kbit::gguf::Q6_K, q6_K, GPU, HOST)                                 \
+    KBIT_ROWS_OF_TYPES_(KBIT_GGUF_ROWS_OF_, kbit::gguf::Q4_0, q4_0, GPU, HOST)                   \
+    KBIT_ROWS_OF_TYPES_(KBIT_GGUF_ROWS_OF_, kbit::gguf::Q8_0, q8_0, GPU, HOST)                   \
+    KBIT_ROWS_OF_TYPES_(KBIT_GGUF_ROWS_OF_, kbit::gguf::Q4_K, q4_K, GPU, HOST)                   \
+    KBIT_ROWS_OF_TYPES_(KBIT_GGUF_ROWS_OF_, kbit::gguf::Q5_K, q5_K, GPU, HOST)                   \
+    KBIT_ROWS_OF_TYPES_(KBIT_GGUF_ROWS_OF_, kbit::gguf::Q6_K, q6_K, GPU, HOST)                   \
     GPU(kbit_gguf_dequantize, KBIT_PARAMS_GGUF_DEQUANTIZE_ANY, KBIT_TAIL_STREAM,                 \
         (kbit::gguf::dequantize_any))                                                            \
     HOST(kbit_gguf_dequantize_host, KBIT_PARAMS_GGUF_DEQUANTIZE_ANY, KBIT_TAIL_NONE,             \

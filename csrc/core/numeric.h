@@ -18,6 +18,14 @@
 #  define KBIT_HD inline
 #endif
 
+// The first expression in device code, the second on the host (the hardware
+// instruction, and the host's bit-exact equivalent).
+#if defined(__CUDA_ARCH__)
+#  define KBIT_DEVICE_ELSE(device, host) (device)
+#else
+#  define KBIT_DEVICE_ELSE(device, host) (host)
+#endif
+
 namespace kbit {
 
 // ---- float conversions, bit-exact on host and device --------------------------------
@@ -89,32 +97,16 @@ KBIT_HD float bf16_bits_to_f32(uint16_t b) {
 // on host and device ---------------------------------------------------------------
 
 KBIT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
+    return KBIT_DEVICE_ELSE(__fmul_rn(a, b), a * b);
 }
 KBIT_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
+    return KBIT_DEVICE_ELSE(__fsub_rn(a, b), a - b);
 }
 KBIT_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
+    return KBIT_DEVICE_ELSE(__fdiv_rn(a, b), a / b);
 }
 KBIT_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
+    return KBIT_DEVICE_ELSE(__fadd_rn(a, b), a + b);
 }
 // Correctly rounded 1/d, capped at FLT_MAX so that x * (1/d) is never NaN for finite x.
 KBIT_HD float rcp_rn(float d) {
@@ -135,35 +127,19 @@ struct BF16 { using storage = uint16_t; static constexpr kbit_dtype dtype = KBIT
 // CPU.
 KBIT_HD float load_f32(F32, float v) { return v; }
 KBIT_HD float load_f32(F16, uint16_t v) {
-#if defined(__CUDA_ARCH__)
-    return __half2float(__ushort_as_half(v));
-#else
-    return f16_bits_to_f32(v);
-#endif
+    return KBIT_DEVICE_ELSE(__half2float(__ushort_as_half(v)), f16_bits_to_f32(v));
 }
 KBIT_HD float load_f32(BF16, uint16_t v) { return bf16_bits_to_f32(v); }
 // Output conversion, round to nearest even: the hardware instructions on the GPU, their
 // bit-exact equivalents on the CPU (NaN included).
 KBIT_HD float store_cast(F32, float v) {
-#if defined(__CUDA_ARCH__)
-    return v;
-#else
-    return v == v ? v : f32_from_bits(0x7FFFFFFFu);
-#endif
+    return KBIT_DEVICE_ELSE(v, v == v ? v : f32_from_bits(0x7FFFFFFFu));
 }
 KBIT_HD uint16_t store_cast(F16, float v) {
-#if defined(__CUDA_ARCH__)
-    return __half_as_ushort(__float2half_rn(v));
-#else
-    return f32_to_f16_bits(v);
-#endif
+    return KBIT_DEVICE_ELSE(__half_as_ushort(__float2half_rn(v)), f32_to_f16_bits(v));
 }
 KBIT_HD uint16_t store_cast(BF16, float v) {
-#if defined(__CUDA_ARCH__)
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-#else
-    return f32_to_bf16_bits(v);
-#endif
+    return KBIT_DEVICE_ELSE(__bfloat16_as_ushort(__float2bfloat16_rn(v)), f32_to_bf16_bits(v));
 }
 
 }  // namespace kbit

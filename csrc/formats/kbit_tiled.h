@@ -76,39 +76,41 @@ KBIT_HD void put_field(uint8_t *seg, int k, int f, uint32_t v) {
         seg[(bit + b) >> 3] |= static_cast<uint8_t>(((v >> b) & 1u) << ((bit + b) & 7));
 }
 
-// Builds lane `lane`'s segment of (tile, group) from the stored words; seg is zeroed.
-KBIT_HD void tile_segment(const uint32_t *packed, int k, const Geometry &geo, int64_t n_out,
-                          int64_t tile, int64_t group, int lane, uint8_t *seg) {
+// Calls f(row, chunk, t, field0) for every (row, chunk) of W whose pair indices lie in
+// lane `lane`'s segment of (tile, group): fields field0 .. field0 + 3 of the segment hold
+// the pairs of elements 8t .. 8t+7 of that row's chunk. Padding is skipped.
+template <class F>
+KBIT_HD void for_each_row_chunk(const Geometry &geo, int64_t n_out, int64_t tile, int64_t group,
+                                int lane, F &&f) {
     const int g = lane >> 2, t = lane & 3;
     for (int u = 0; u < kGroupChunks; ++u) {
         const int64_t chunk = group * kGroupChunks + u;
         for (int half = 0; half < 2; ++half) {
             const int64_t row = tile * kTileRows + g + 8 * half;
-            if (chunk >= geo.chunks || row >= n_out) continue;  // padding stays zero
-            const uint32_t *w = packed + (row * geo.chunks + chunk) * k;
-            for (int i = 0; i < 4; ++i)
-                put_field(seg, k, (2 * u + half) * 4 + i, pair_index(w, k, 8 * t + 2 * i));
+            if (chunk < geo.chunks && row < n_out) f(row, chunk, t, (2 * u + half) * 4);
         }
     }
 }
 
-// The inverse for one lane segment: ORs its bits into the stored words (zeroed before).
+// Builds lane `lane`'s segment of (tile, group) from the stored words; seg is zeroed.
+KBIT_HD void tile_segment(const uint32_t *packed, int k, const Geometry &geo, int64_t n_out,
+                          int64_t tile, int64_t group, int lane, uint8_t *seg) {
+    for_each_row_chunk(geo, n_out, tile, group, lane, [&](int64_t row, int64_t chunk, int t, int f0) {
+        const uint32_t *w = packed + (row * geo.chunks + chunk) * k;
+        for (int i = 0; i < 4; ++i) put_field(seg, k, f0 + i, pair_index(w, k, 8 * t + 2 * i));
+    });
+}
+
+// The inverse for one lane segment: lane t owns bits 8t .. 8t+7 of each stored word, so
+// it writes those bytes alone (no two segments write the same byte).
 KBIT_HD void untile_segment(const uint8_t *seg, int k, const Geometry &geo, int64_t n_out,
                             int64_t tile, int64_t group, int lane, uint32_t *packed) {
-    const int g = lane >> 2, t = lane & 3;
-    for (int u = 0; u < kGroupChunks; ++u) {
-        const int64_t chunk = group * kGroupChunks + u;
-        for (int half = 0; half < 2; ++half) {
-            const int64_t row = tile * kTileRows + g + 8 * half;
-            if (chunk >= geo.chunks || row >= n_out) continue;
-            uint32_t w[5] = {0, 0, 0, 0, 0};
-            for (int i = 0; i < 4; ++i)
-                set_pair(w, k, 8 * t + 2 * i, get_field(seg, k, (2 * u + half) * 4 + i));
-            // lane t owns bits 8t .. 8t+7 of each word: one byte, written alone
-            uint8_t *dst = reinterpret_cast<uint8_t *>(packed + (row * geo.chunks + chunk) * k);
-            for (int j = 0; j < k; ++j) dst[4 * j + t] = static_cast<uint8_t>(w[j] >> (8 * t));
-        }
-    }
+    for_each_row_chunk(geo, n_out, tile, group, lane, [&](int64_t row, int64_t chunk, int t, int f0) {
+        uint32_t w[5] = {0, 0, 0, 0, 0};
+        for (int i = 0; i < 4; ++i) set_pair(w, k, 8 * t + 2 * i, get_field(seg, k, f0 + i));
+        uint8_t *dst = reinterpret_cast<uint8_t *>(packed + (row * geo.chunks + chunk) * k);
+        for (int j = 0; j < k; ++j) dst[4 * j + t] = static_cast<uint8_t>(w[j] >> (8 * t));
+    });
 }
 
 // Byte offset of the scale of (row, chunk) in the tiled absmax array (sb bytes each).

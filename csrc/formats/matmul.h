@@ -57,44 +57,46 @@ inline kbit_status check_operands(const void *x, const void *bias, const void *y
     return KBIT_SUCCESS;
 }
 
-// kbit: k, absmax format, tensor_scale, shapes, then the pointers.
-inline kbit_status check_matmul_kbit(const void *x, int64_t m, int64_t k_in, int64_t n_out,
-                                     kbit_dtype dtype, const uint32_t *packed,
-                                     const void *absmax, kbit_absmax_format fmt,
-                                     float tensor_scale, const float *codebook, int k,
-                                     const void *bias, const void *y) {
+// kbit in either layout: k, absmax format, tensor_scale, shapes, then the pointers; the
+// codes and scales aligned to `align` (0: the stored layout's element sizes; the tiled
+// layout takes 16) and, tiled, the padded sizes within the address space.
+inline kbit_status check_matmul_kbit_weight(const void *x, int64_t m, int64_t k_in,
+                                            int64_t n_out, kbit_dtype dtype, const void *packed,
+                                            const void *absmax, kbit_absmax_format fmt,
+                                            float tensor_scale, const float *codebook, int k,
+                                            const void *bias, const void *y, size_t align) {
     if (!valid_dtype(dtype))
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(dtype));
     if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
     KBIT_TRY(check_common(0, 1, fmt, tensor_scale));  // absmax format and tensor_scale
     KBIT_TRY(check_shapes(dtype, m, k_in, n_out, kBlock, 4 * k));
+    if (align && (tiled::packed_bytes(n_out, k_in, k) < 0 || tiled::absmax_bytes(n_out, k_in, fmt) < 0))
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "the tiled weight exceeds the address space");
     if (n_out > 0 && k_in > 0) {
-        KBIT_TRY(check_ptr(packed, "packed", 4));
-        KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));
+        KBIT_TRY(check_ptr(packed, align ? "tiled_packed" : "packed", align ? align : 4));
+        KBIT_TRY(check_ptr(absmax, align ? "tiled_absmax" : "absmax", align ? align : absmax_align(fmt)));
         if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
     }
     return check_operands(x, bias, y, dtype, m, k_in, n_out);
 }
 
-// Tiled kbit (formats/kbit_tiled.h): as kbit, with the tiled arrays 16-byte aligned.
+inline kbit_status check_matmul_kbit(const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                                     kbit_dtype dtype, const uint32_t *packed,
+                                     const void *absmax, kbit_absmax_format fmt,
+                                     float tensor_scale, const float *codebook, int k,
+                                     const void *bias, const void *y) {
+    return check_matmul_kbit_weight(x, m, k_in, n_out, dtype, packed, absmax, fmt, tensor_scale,
+                                    codebook, k, bias, y, 0);
+}
+
+// Tiled kbit (formats/kbit_tiled.h): the tiled arrays 16-byte aligned.
 inline kbit_status check_matmul_kbit_tiled(const void *x, int64_t m, int64_t k_in, int64_t n_out,
                                            kbit_dtype dtype, const void *tiled_packed,
                                            const void *tiled_absmax, kbit_absmax_format fmt,
                                            float tensor_scale, const float *codebook, int k,
                                            const void *bias, const void *y) {
-    if (!valid_dtype(dtype))
-        return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(dtype));
-    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
-    KBIT_TRY(check_common(0, 1, fmt, tensor_scale));
-    KBIT_TRY(check_shapes(dtype, m, k_in, n_out, kBlock, 4 * k));
-    if (tiled::packed_bytes(n_out, k_in, k) < 0 || tiled::absmax_bytes(n_out, k_in, fmt) < 0)
-        return fail(KBIT_ERROR_INVALID_ARGUMENT, "the tiled weight exceeds the address space");
-    if (n_out > 0 && k_in > 0) {
-        KBIT_TRY(check_ptr(tiled_packed, "tiled_packed", 16));
-        KBIT_TRY(check_ptr(tiled_absmax, "tiled_absmax", 16));
-        if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
-    }
-    return check_operands(x, bias, y, dtype, m, k_in, n_out);
+    return check_matmul_kbit_weight(x, m, k_in, n_out, dtype, tiled_packed, tiled_absmax, fmt,
+                                    tensor_scale, codebook, k, bias, y, 16);
 }
 
 // NF4 / FP4: blocksize, shapes, then the pointers.

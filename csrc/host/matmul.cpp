@@ -28,30 +28,12 @@ constexpr int64_t kWorkPerPart = 1 << 20;  // multiply-adds worth starting a thr
 
 // ---- row decoders: row r of W into w[0 .. k_in) -------------------------------------
 
-// kbit: per 32 elements, k bit-plane words and one scale (SPEC section 1).
+// kbit: per 32 elements, k bit-plane words and one scale (SPEC section 1). kTiled: the
+// tiled layout (formats/kbit_tiled.h), whose chunk words are rebuilt from the 4 lane
+// segments that hold the row, then decoded as stored.
+template <bool kTiled>
 struct KbitRows {
-    const uint32_t *packed;
-    const void *absmax;
-    kbit_absmax_format fmt;
-    float tensor_scale;
-    const float *codebook;  // resolved: never NULL
-    int k;
-    int64_t k_in;
-
-    void operator()(int64_t r, float *w) const {
-        const int64_t per_row = k_in / kBlock;
-        for (int64_t j = 0; j < per_row; ++j) {
-            const int64_t b = r * per_row + j;
-            dequantize_block(packed + b * k, k, codebook, block_scale(fmt, absmax, b, tensor_scale),
-                             kBlock, w + j * kBlock);
-        }
-    }
-};
-
-// Tiled kbit (formats/kbit_tiled.h): each chunk's words are rebuilt from the 4 lane
-// segments that hold its row, then decoded as stored.
-struct KbitTiledRows {
-    const uint8_t *packed;
+    const void *packed;
     const void *absmax;
     kbit_absmax_format fmt;
     float tensor_scale;
@@ -61,21 +43,28 @@ struct KbitTiledRows {
 
     void operator()(int64_t r, float *w) const {
         const tiled::Geometry geo = tiled::geometry(r + 1, k_in);
-        const int sb = static_cast<int>(absmax_align(fmt));
-        const int g = static_cast<int>(r % 8), half = static_cast<int>((r % 16) / 8);
         for (int64_t c = 0; c < geo.chunks; ++c) {
-            const int64_t seg0 = ((r / tiled::kTileRows) * geo.groups + c / tiled::kGroupChunks) *
-                                 tiled::kLanes;
-            const int u = static_cast<int>(c % tiled::kGroupChunks);
-            uint32_t words[5] = {0, 0, 0, 0, 0};
-            for (int t = 0; t < 4; ++t) {
-                const uint8_t *seg = packed + (seg0 + 4 * g + t) * 8 * k;
-                for (int i = 0; i < 4; ++i)
-                    tiled::set_pair(words, k, 8 * t + 2 * i,
-                                    tiled::get_field(seg, k, (2 * u + half) * 4 + i));
+            const int64_t b = r * geo.chunks + c;  // the block, as stored
+            uint32_t rebuilt[5] = {0, 0, 0, 0, 0};
+            const uint32_t *words = static_cast<const uint32_t *>(packed) + b * k;
+            int64_t scale = b;
+            if constexpr (kTiled) {
+                const int sb = static_cast<int>(absmax_align(fmt));
+                const int g = static_cast<int>(r % 8), half = static_cast<int>((r % 16) / 8);
+                const int u = static_cast<int>(c % tiled::kGroupChunks);
+                const int64_t seg0 = ((r / tiled::kTileRows) * geo.groups +
+                                      c / tiled::kGroupChunks) * tiled::kLanes;
+                for (int t = 0; t < 4; ++t) {
+                    const uint8_t *seg = static_cast<const uint8_t *>(packed) + (seg0 + 4 * g + t) * 8 * k;
+                    for (int i = 0; i < 4; ++i)
+                        tiled::set_pair(rebuilt, k, 8 * t + 2 * i,
+                                        tiled::get_field(seg, k, (2 * u + half) * 4 + i));
+                }
+                words = rebuilt;
+                scale = tiled::scale_at(geo, r, c, sb) / sb;
             }
-            const float d = block_scale(fmt, absmax, tiled::scale_at(geo, r, c, sb) / sb, tensor_scale);
-            dequantize_block(words, k, codebook, d, kBlock, w + c * kBlock);
+            dequantize_block(words, k, codebook, block_scale(fmt, absmax, scale, tensor_scale),
+                             kBlock, w + c * kBlock);
         }
     }
 };
@@ -184,7 +173,8 @@ kbit_status kbit_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
                       void *y) {
     KBIT_TRY(check_matmul_kbit(x, m, k_in, n_out, dtype, packed, absmax, fmt, tensor_scale,
                                codebook, k, bias, y));
-    const KbitRows rows{packed, absmax, fmt, tensor_scale, resolve_codebook(codebook, k), k, k_in};
+    const KbitRows<false> rows{packed, absmax, fmt, tensor_scale, resolve_codebook(codebook, k), k,
+                              k_in};
     return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
 }
 
@@ -194,8 +184,8 @@ kbit_status kbit_tiled_host(const void *x, int64_t m, int64_t k_in, int64_t n_ou
                             const void *bias, void *y) {
     KBIT_TRY(check_matmul_kbit_tiled(x, m, k_in, n_out, dtype, tiled_packed, tiled_absmax, fmt,
                                      tensor_scale, codebook, k, bias, y));
-    const KbitTiledRows rows{static_cast<const uint8_t *>(tiled_packed), tiled_absmax, fmt,
-                             tensor_scale, resolve_codebook(codebook, k), k, k_in};
+    const KbitRows<true> rows{tiled_packed, tiled_absmax, fmt, tensor_scale,
+                              resolve_codebook(codebook, k), k, k_in};
     return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
 }
 

@@ -52,22 +52,17 @@ constexpr int kUnroll = 4;     // chunks per warp whose loads are issued togethe
 // ---- tensor-core helpers ------------------------------------------------------------------
 
 // D = A · B + C for one m16n8k16 tile with fp32 accumulators; A, B as packed pairs of T.
-__device__ __forceinline__ void mma_16816(F16, float (&d)[4], const uint32_t (&a)[4],
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_16816(BF16, float (&d)[4], const uint32_t (&a)[4],
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#define KBIT_MMA_16816(TAG, PTX_TYPE)                                                          \
+    __device__ __forceinline__ void mma_16816(TAG, float (&d)[4], const uint32_t (&a)[4],      \
+                                              uint32_t b0, uint32_t b1) {                      \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE            \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"              \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
+    }
+KBIT_MMA_16816(F16, "f16")
+KBIT_MMA_16816(BF16, "bf16")
+#undef KBIT_MMA_16816
 
 // The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a
 // warp read distinct banks (kCopies = 32) or at most two lanes share one (16).
@@ -251,6 +246,32 @@ struct FloatDirect {
     }
 };
 
+// Fills the CTA's pair table for decoder Dec and returns the factor its entries were
+// divided by: the codebook's largest |entry| (1 if all are zero, or for the fixed NF4/FP4
+// tables). Ends with a barrier.
+template <class Dec>
+__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
+    __shared__ float book_max;
+    if constexpr (!Dec::kUsesCodebook) {
+        fill_table<Dec::kEntries>(table, [](int e) { return Dec::entry(e); });
+        __syncthreads();
+        return 1.0f;
+    } else {
+        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
+        const int lane = threadIdx.x & 31;
+        if (threadIdx.x < 32) {
+            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
+            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
+            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
+        }
+        __syncthreads();
+        const float scale = book_max, inv_max = 1.0f / scale;
+        fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+        __syncthreads();
+        return scale;
+    }
+}
+
 // ---- the tensor-core kernels -----------------------------------------------------------------
 
 // C += the chunk's two mma steps: A rows g / g+8 from pa / pb, B from the 8 x values.
@@ -323,27 +344,13 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
                    typename T::storage *__restrict__ y) {
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ float book_max;
     constexpr int copies = table_copies<Dec::kEntries>();
     constexpr int kRowBytes = w_row_bytes<Dec>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    if constexpr (!Dec::kUsesCodebook) {
-        fill_table<Dec::kEntries>(table, [](int e) { return Dec::entry(e); });
-    } else {  // entries over the codebook's largest |entry| (1 if all are zero)
-        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
-        if (warp == 0) {
-            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
-            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
-            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
-        }
-        __syncthreads();
-        const float inv_max = 1.0f / book_max;
-        dec.scale_mul *= book_max;
-        fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
-    }
-    __syncthreads();
+    const float book_scale = fill_pair_table<Dec>(table, codebook, k);
+    if constexpr (Dec::kUsesCodebook) dec.scale_mul *= book_scale;
 
     const int64_t chunks = k_in / kChunk;
     const int64_t stages = (chunks + kStageChunks - 1) / kStageChunks;
@@ -538,21 +545,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     constexpr int kSB = Group::kSB;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ float book_max;
-    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * book_max
+    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    const float *cb = codebook ? codebook : g_normal_float.v[K - 2];
-    if (warp == 0) {
-        const float a = lane < (1 << K) ? fabsf(cb[lane]) : 0.0f;
-        const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
-        if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
-    }
-    __syncthreads();
-    const float inv_max = 1.0f / book_max, scale_mul = ts * book_max;
-    fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+    const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
     if constexpr (FMT == KBIT_ABSMAX_E4M4)
         for (int c = threadIdx.x; c < 256; c += kThreads) e4m4_scale[c] = e4m4_decode(c) * scale_mul;
     __syncthreads();
@@ -938,43 +936,45 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
     return cuda_status(err, "kbit_matmul_kbit_tiled launch");
 }
 
-kbit_status tile_entry(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt, int k,
-                       int64_t n_out, int64_t k_in, void *tiled_packed, void *tiled_absmax,
-                       kbit_stream_t stream) {
+// Both directions of the repack: one thread per lane segment, one per scale. Tiling
+// clears the tiled scales first (padding is zero); the segment kernel writes every byte.
+kbit_status retile(bool to_tiled, const uint32_t *packed, const void *absmax,
+                   kbit_absmax_format fmt, int k, int64_t n_out, int64_t k_in,
+                   const void *tiled_packed, const void *tiled_absmax, cudaStream_t stream) {
     KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
     if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
     const tiled::Geometry geo = tiled::geometry(n_out, k_in);
-    const int sb = static_cast<int>(absmax_align(fmt));
+    auto *tp = static_cast<uint8_t *>(const_cast<void *>(tiled_packed));
+    auto *ta = static_cast<uint8_t *>(const_cast<void *>(tiled_absmax));
+    auto *sa = static_cast<uint8_t *>(const_cast<void *>(absmax));
     cudaGetLastError();
-    cudaError_t err = cudaMemsetAsync(tiled_absmax, 0, tiled::absmax_bytes(n_out, k_in, fmt), stream);
+    cudaError_t err = to_tiled ? cudaMemsetAsync(ta, 0, tiled::absmax_bytes(n_out, k_in, fmt), stream)
+                               : cudaSuccess;
     if (err == cudaSuccess) {
-        const int64_t threads = geo.tiles * geo.groups * tiled::kLanes;
-        tile_kernel<<<static_cast<unsigned>(blocks_of(threads, kThreads)), kThreads, 0, stream>>>(
-            packed, k, geo, n_out, static_cast<uint8_t *>(tiled_packed));
+        const auto segments = static_cast<unsigned>(
+            blocks_of(geo.tiles * geo.groups * tiled::kLanes, kThreads));
+        if (to_tiled) tile_kernel<<<segments, kThreads, 0, stream>>>(packed, k, geo, n_out, tp);
+        else untile_kernel<<<segments, kThreads, 0, stream>>>(tp, k, geo, n_out,
+                                                               const_cast<uint32_t *>(packed));
         tile_scales_kernel<<<static_cast<unsigned>(blocks_of(n_out * geo.chunks, kThreads)),
-                             kThreads, 0, stream>>>(static_cast<const uint8_t *>(absmax),
-                                                    static_cast<uint8_t *>(tiled_absmax), geo,
-                                                    n_out, sb, true);
+                             kThreads, 0, stream>>>(to_tiled ? sa : ta, to_tiled ? ta : sa, geo,
+                                                    n_out, static_cast<int>(absmax_align(fmt)),
+                                                    to_tiled);
         err = launch_error();
     }
-    return cuda_status(err, "kbit_tile launch");
+    return cuda_status(err, to_tiled ? "kbit_tile launch" : "kbit_untile launch");
+}
+
+kbit_status tile_entry(const uint32_t *packed, const void *absmax, kbit_absmax_format fmt, int k,
+                       int64_t n_out, int64_t k_in, void *tiled_packed, void *tiled_absmax,
+                       kbit_stream_t stream) {
+    return retile(true, packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax, stream);
 }
 
 kbit_status untile_entry(const void *tiled_packed, const void *tiled_absmax, kbit_absmax_format fmt,
                          int k, int64_t n_out, int64_t k_in, uint32_t *packed, void *absmax,
                          kbit_stream_t stream) {
-    KBIT_TRY(tiled::check_tile(packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax));
-    if (n_out == 0 || k_in == 0) return KBIT_SUCCESS;
-    const tiled::Geometry geo = tiled::geometry(n_out, k_in);
-    const int sb = static_cast<int>(absmax_align(fmt));
-    cudaGetLastError();
-    const int64_t threads = geo.tiles * geo.groups * tiled::kLanes;
-    untile_kernel<<<static_cast<unsigned>(blocks_of(threads, kThreads)), kThreads, 0, stream>>>(
-        static_cast<const uint8_t *>(tiled_packed), k, geo, n_out, packed);
-    tile_scales_kernel<<<static_cast<unsigned>(blocks_of(n_out * geo.chunks, kThreads)), kThreads,
-                         0, stream>>>(static_cast<const uint8_t *>(tiled_absmax),
-                                      static_cast<uint8_t *>(absmax), geo, n_out, sb, false);
-    return cuda_status(launch_error(), "kbit_untile launch");
+    return retile(false, packed, absmax, fmt, k, n_out, k_in, tiled_packed, tiled_absmax, stream);
 }
 
 template <class Fmt>

@@ -28,11 +28,11 @@ def _sizes(n: int, k: int, absmax: str) -> tuple[int, int]:
 
 
 @dataclass
-class QuantizedTensor(QuantizedBase):
-    """A kbit-quantized tensor: packed bit planes, block scales and how to read them.
-
-    packed / absmax live where the input lived (numpy arrays, or device arrays of the
-    input's framework). codebook is None for the built-in normal-float codebook."""
+class KbitFields(QuantizedBase):
+    """The fields of a kbit tensor in either layout (stored: QuantizedTensor; tiled for
+    the matmul: kbit.TiledTensor). packed / absmax live where the input lived (numpy
+    arrays, or device arrays of the input's framework). codebook is None for the
+    built-in normal-float codebook."""
     packed: Any
     absmax: Any
     k: int
@@ -41,6 +41,11 @@ class QuantizedTensor(QuantizedBase):
     absmax_format: str = "e4m4"
     tensor_scale: float = 1.0
     codebook: np.ndarray | None = None
+
+
+@dataclass
+class QuantizedTensor(KbitFields):
+    """A kbit-quantized tensor: packed bit planes, block scales and how to read them."""
 
     @property
     def nbytes(self) -> int:

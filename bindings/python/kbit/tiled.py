@@ -13,32 +13,21 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from . import _arrays
 from . import kbit as _kbit
 from ._lib import KbitError, size
-from ._quantized import QuantizedBase
 from .kbit import QuantizedTensor
 
 __all__ = ["TiledTensor", "tile", "untile"]
 
 
 @dataclass
-class TiledTensor(QuantizedBase):
+class TiledTensor(_kbit.KbitFields):
     """A kbit weight of shape (n_out, k_in) in the tiled layout: `packed` and `absmax` are
     uint8 arrays of kbit_tiled_packed_bytes / kbit_tiled_absmax_bytes bytes, numpy or
     device arrays of the source's framework; the other fields are QuantizedTensor's."""
-    packed: Any
-    absmax: Any
-    k: int
-    shape: tuple
-    dtype: str
-    absmax_format: str = "e4m4"
-    tensor_scale: float = 1.0
-    codebook: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -75,12 +64,18 @@ def _bytes_view(place: _arrays.Place, arr, what: str, nbytes: int):
     return view
 
 
+def _checked(t, cls, what: str):
+    """(n_out, k_in) of a 2-D kbit tensor t of class cls, its arguments checked."""
+    if not isinstance(t, cls):
+        raise KbitError(f"{what} takes a kbit.{cls.__name__}, got {type(t).__name__}")
+    shape = _shape(t.shape)
+    _kbit._check_args(t.k, t.absmax_format, t.codebook)
+    return shape
+
+
 def tile(q: QuantizedTensor) -> TiledTensor:
     """q (a 2-D kbit weight, k_in a multiple of 32) repacked for kbit.matmul."""
-    if not isinstance(q, QuantizedTensor):
-        raise KbitError(f"tile takes a kbit.QuantizedTensor, got {type(q).__name__}")
-    n_out, k_in = _shape(q.shape)
-    _kbit._check_args(q.k, q.absmax_format, q.codebook)
+    n_out, k_in = _checked(q, QuantizedTensor, "tile")
     place = _arrays.place_of(q.packed, "packed")
     packed = place.view(q.packed, "packed", lambda a: _kbit._host_field(a, "uint32", "packed", q))
     am = place.view(q.absmax, "absmax",
@@ -97,10 +92,7 @@ def tile(q: QuantizedTensor) -> TiledTensor:
 
 def untile(t: TiledTensor) -> QuantizedTensor:
     """The stored kbit weight of t, exactly as kbit.quantize made it."""
-    if not isinstance(t, TiledTensor):
-        raise KbitError(f"untile takes a kbit.TiledTensor, got {type(t).__name__}")
-    n_out, k_in = _shape(t.shape)
-    _kbit._check_args(t.k, t.absmax_format, t.codebook)
+    n_out, k_in = _checked(t, TiledTensor, "untile")
     place = _arrays.place_of(t.packed, "packed")
     pbytes, abytes = _sizes(t.shape, t.k, t.absmax_format)
     tp = _bytes_view(place, t.packed, "packed", pbytes)
