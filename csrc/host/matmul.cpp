@@ -69,37 +69,6 @@ struct KbitRows {
     }
 };
 
-// NF4 / FP4: two codes per byte, one float32 scale per blocksize elements (SPEC section 2).
-template <class Fmt>
-struct Bnb4Rows {
-    const uint8_t *packed;
-    const float *absmax;
-    int blocksize;
-    int64_t k_in;
-
-    void operator()(int64_t r, float *w) const {
-        for (int64_t j = 0; j < k_in; j += blocksize) {
-            const int64_t i0 = r * k_in + j;
-            bnb4::dequantize_elements<Fmt>(packed, i0, i0 + blocksize, absmax[i0 / blocksize],
-                                           w + j);
-        }
-    }
-};
-
-// GGUF: whole ggml blocks (SPEC section 3).
-template <class Fmt>
-struct GgufRows {
-    const uint8_t *blocks;
-    int64_t k_in;
-
-    void operator()(int64_t r, float *w) const {
-        const int64_t per_row = k_in / Fmt::kElems;
-        for (int64_t j = 0; j < per_row; ++j)
-            gguf::dequantize_block_host<Fmt>(blocks + (r * per_row + j) * Fmt::kBytes,
-                                             w + j * Fmt::kElems);
-    }
-};
-
 // ---- the loop every format shares -----------------------------------------------------
 
 // sum of x[j] * w[j] for j < n (a multiple of kLanes), in float32 in a fixed order:
@@ -244,7 +213,14 @@ kbit_status bnb4_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
                       const uint8_t *packed, const float *absmax, int blocksize,
                       const void *bias, void *y) {
     KBIT_TRY(check_matmul_bnb4(x, m, k_in, n_out, dtype, packed, absmax, blocksize, bias, y));
-    const Bnb4Rows<Fmt> rows{packed, absmax, blocksize, k_in};
+    // two codes per byte, one float32 scale per blocksize elements (SPEC section 2)
+    const auto rows = [=](int64_t r, float *w) {
+        for (int64_t j = 0; j < k_in; j += blocksize) {
+            const int64_t i0 = r * k_in + j;
+            bnb4::dequantize_elements<Fmt>(packed, i0, i0 + blocksize, absmax[i0 / blocksize],
+                                           w + j);
+        }
+    };
     return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
 }
 
@@ -253,8 +229,15 @@ kbit_status gguf_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
     return check_matmul_gguf(x, m, k_in, n_out, dtype, ggml_type, blocks, bias, y,
                              [&](auto fmt) {
                                  using Fmt = decltype(fmt);
-                                 const GgufRows<Fmt> rows{static_cast<const uint8_t *>(blocks),
-                                                          k_in};
+                                 // whole ggml blocks (SPEC section 3)
+                                 const auto *b = static_cast<const uint8_t *>(blocks);
+                                 const int64_t per_row = k_in / Fmt::kElems;
+                                 const auto rows = [=](int64_t r, float *w) {
+                                     for (int64_t j = 0; j < per_row; ++j)
+                                         gguf::dequantize_block_host<Fmt>(
+                                             b + (r * per_row + j) * Fmt::kBytes,
+                                             w + j * Fmt::kElems);
+                                 };
                                  return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
                              });
 }
