@@ -1,7 +1,7 @@
 // Fused dequantize + matmul on the GPU (SPEC section 6): y = x · Wᵀ (+ bias) with W read
 // as stored, for m = 1..8 rows of x per pass (more rows take more passes).
 //
-// Tensor-core paths (fp16 / bf16 x). A CTA of 4 warps owns 16 rows of W and up to 8 rows
+// Tensor-core paths (fp16 / bf16 x). A CTA of 8 warps owns 16 rows of W and up to 8 rows
 // of x; its warps split k_in in chunks of 32 elements (one kbit block; NF4/FP4 scales
 // cover 32 or more). Per chunk, lane (g, t) of a warp (g = lane / 4, t = lane % 4) turns
 // elements 8t .. 8t+7 of W rows g and g+8 into four fp16/bf16 pairs each, takes the same
@@ -12,7 +12,7 @@
 //
 // - Staged (kbit K = 2..5, NF4, FP4): each warp streams stages of 4 chunks of the 16 rows,
 //   their scales and the same chunks of x into its own ring of shared-memory slots with
-//   cp.async, 3 stages ahead of the one it computes, so that the bytes in flight do not
+//   cp.async, 2 stages ahead of the one it computes, so that the bytes in flight do not
 //   live in registers (the first version loaded W into registers, 4 lanes holding the
 //   same words, and ran at a third of copy bandwidth: bench/RESULTS.md). A pair's codes
 //   (2K bits) index a table of half2 values (the codebook over its largest |entry|, so
@@ -20,6 +20,9 @@
 //   phase so that a warp's 32 lookups never share a bank. For kbit the pair index comes
 //   from the bit planes by a 4x4 transpose of 2-bit fields (two delta swaps); for
 //   NF4/FP4 it is the packed byte.
+// - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): each lane loads
+//   its own pair indices straight into registers one group ahead; no staging, no
+//   transposes (about half the instructions per weight of the staged path).
 // - Direct (GGUF): each lane decodes its 8 elements with the format's own group decoder
 //   (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
