@@ -72,6 +72,25 @@ KBIT_MMA_16816(BF16, "bf16")
 template <int kEntries>
 constexpr int table_copies() { return kEntries > 256 ? 16 : 32; }
 
+// A lane's copy of the pair table as a shared-memory address: entry idx is one
+// multiply-add and one load. (Through a pointer, the compiler recomputed the lane's copy
+// from the thread index for every lookup: 5 instructions a pair in SASS, now 2-3.)
+template <int kCopies>
+struct LaneTable {
+    uint32_t base;  // shared address of entry 0 of this lane's copy
+    __device__ __forceinline__ uint32_t operator[](uint32_t idx) const {
+        uint32_t v;
+        asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(base + idx * (4 * kCopies)));
+        return v;
+    }
+};
+template <int kCopies>
+__device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(table + lane % kCopies));
+    return {__shfl_sync(0xFFFFFFFFu, at, lane)};  // opaque: not split back into tid math
+}
+
 // Fills entries [0, kEntries) of the table with value(e), every copy, 16 bytes a store.
 template <int kEntries, class Value>
 __device__ void fill_table(uint32_t *table, Value &&value) {
@@ -148,9 +167,9 @@ struct KbitStaged {
     // Byte t of planes 0..3 side by side (q), transposed as a 4x4 matrix of 2-bit
     // fields: byte i of the result holds bits 2i, 2i+1 of every plane, i.e. the codes of
     // pair i interleaved (bit 2j: element 2i's bit j; bit 2j+1: element 2i+1's).
-    __device__ __forceinline__ void pairs(const uint8_t *w, int t, const uint32_t *table,
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
+                                          const LaneTable<table_copies<kEntries>()> &table,
                                           uint32_t (&p)[4]) const {
-        constexpr int copies = table_copies<kEntries>();
         uint32_t v[K];
         if constexpr (K == 4) {
             const uint4 u = *reinterpret_cast<const uint4 *>(w);
@@ -176,7 +195,7 @@ struct KbitStaged {
         for (int i = 0; i < 4; ++i) {
             uint32_t idx = (q >> (8 * i)) & 0xFFu;
             if constexpr (K == 5) idx |= ((fifth >> (2 * i)) & 3u) << 8;
-            p[i] = table[idx * copies];
+            p[i] = table[idx];
         }
     }
 
@@ -215,12 +234,12 @@ struct Bnb4Staged {
     __device__ __forceinline__ float scale(const uint8_t *s) const {
         return *reinterpret_cast<const float *>(s);
     }
-    __device__ __forceinline__ void pairs(const uint8_t *w, int t, const uint32_t *table,
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
+                                          const LaneTable<table_copies<kEntries>()> &table,
                                           uint32_t (&p)[4]) const {
-        constexpr int copies = table_copies<kEntries>();
         const uint32_t b = reinterpret_cast<const uint32_t *>(w)[t];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = table[((b >> (8 * i)) & 0xFFu) * copies];
+        for (int i = 0; i < 4; ++i) p[i] = table[__byte_perm(b, 0u, 0x4440u | i)];
     }
     __device__ static uint32_t entry(int e) {
         return pack2(T{}, bnb4::table_value(Fmt{}, e >> 4), bnb4::table_value(Fmt{}, e & 15));
@@ -436,7 +455,7 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
 
     const int64_t mine = warp < stages ? (stages - warp + kWarps - 1) / kWarps : 0;
     const int64_t row_a = min(r0 + g, n_out - 1), row_b = min(r0 + g + 8, n_out - 1);
-    const uint32_t *my_table = table + lane % copies;
+    const auto my_table = lane_table<copies>(table);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
@@ -563,7 +582,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
     const bool has_x = m0 + g < m;
     const uint4 *xrow = reinterpret_cast<const uint4 *>(x + (m0 + g) * k_in) + t;
-    const uint32_t *my_table = table + lane % copies;
+    const auto my_table = lane_table<copies>(table);
 
     auto load = [&](Group &G, int64_t grp) {
         const int64_t seg = (tile * groups + grp) * 32 + lane;
@@ -618,8 +637,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             uint32_t pa[4], pb[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                pa[i] = my_table[segment_field<K>(G.w, (2 * u) * 4 + i) * copies];
-                pb[i] = my_table[segment_field<K>(G.w, (2 * u + 1) * 4 + i) * copies];
+                pa[i] = my_table[segment_field<K>(G.w, (2 * u) * 4 + i)];
+                pb[i] = my_table[segment_field<K>(G.w, (2 * u + 1) * 4 + i)];
             }
             chunk_mma<T>(pa, pb, G.x[u], chunk_scale(G, 0, u), chunk_scale(G, 1, u), acc);
         };
