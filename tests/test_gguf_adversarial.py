@@ -433,3 +433,47 @@ def test_load_big_endian_file(tmp_path):
     with pytest.raises(KbitError, match="big-endian") as e:
         kg.load(path, device="cpu")
     assert e.value.status == 8
+
+
+def _raw_file(path, infos, n_tensors=None, data=b""):
+    """A GGUF v3 file with no metadata: infos are (name, dims, type id, offset); the data
+    section starts at the next multiple of 32 and holds `data`."""
+    body = b""
+    for name, dims, tid, offset in infos:
+        raw = name.encode()
+        body += struct.pack("<Q", len(raw)) + raw + struct.pack("<I", len(dims))
+        body += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", tid, offset)
+    head = _header(len(infos) if n_tensors is None else n_tensors, 0) + body
+    path.write_bytes(head + b"\0" * ((-len(head)) % 32) + data)
+    return path
+
+
+F32 = 0  # ggml type id
+
+
+def test_load_valid_raw_file(tmp_path):
+    # the writer above makes a file that loads (so the cases below fail for their reason)
+    data = np.arange(16, dtype=np.float32).tobytes()
+    path = _raw_file(tmp_path / "ok.gguf", [("a", [8], F32, 0), ("b", [8], F32, 32)], data=data)
+    got = kg.load(path, device="cpu")
+    assert np.array_equal(got["a"], np.arange(8, dtype=np.float32))
+    assert np.array_equal(got["b"], np.arange(8, 16, dtype=np.float32))
+
+
+@pytest.mark.parametrize("case", ["overlap", "many-overlap", "misaligned", "phantom",
+                                  "duplicate"])
+def test_load_rejects_inconsistent_tensor_infos(tmp_path, case):
+    """Overlapping tensors (1,000 infos on the same bytes had made load allocate 3.7 GiB),
+    offsets off the file's alignment, a tensor count one past the real infos (a phantom
+    tensor named '' read from the padding) and repeated names are corrupt files."""
+    data = np.zeros(64, dtype=np.float32).tobytes()
+    infos = {"overlap": [("a", [16], F32, 0), ("b", [16], F32, 32)],
+             "many-overlap": [(f"t{i}", [64], F32, 0) for i in range(1000)],
+             "misaligned": [("a", [8], F32, 2)],
+             "phantom": [("a", [8], F32, 0)],
+             "duplicate": [("a", [8], F32, 0), ("a", [8], F32, 32)]}[case]
+    path = _raw_file(tmp_path / f"{case}.gguf", infos,
+                     n_tensors=len(infos) + (case == "phantom"), data=data)
+    with pytest.raises(KbitError) as e:
+        kg.load(path, device="cpu")
+    assert e.value.status == 8  # KBIT_ERROR_INVALID_DATA

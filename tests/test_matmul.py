@@ -663,3 +663,33 @@ def test_gpu_weight_and_x_must_share_a_side(rng):
         kbit.matmul(x, to_device(w))  # device weight, host x
     with pytest.raises(KbitError, match="bias"):
         kbit.matmul(cuda(x), to_device(w), random_x(rng, (7,), "float32"))
+
+
+def test_host_out_of_memory_keeps_its_message(rng):
+    """An allocation failure is KBIT_ERROR_INTERNAL with a message (the message buffer
+    must not need memory). Run in a forked child whose address space is capped just above
+    what it already uses, so the host matmul's scratch cannot be allocated."""
+    import multiprocessing
+    import resource
+
+    def child(conn):
+        k_in, n_out = 1 << 22, 16
+        w, _ = kbit_weight(np.random.default_rng(0), n_out, k_in, 4, "e4m4")
+        x = np.ones((1, k_in), np.float32)
+        y = np.zeros((1, n_out), np.float32)
+        fn = function("kbit_matmul_kbit_host")
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + (64 << 20), resource.RLIM_INFINITY))
+        status = fn(x.ctypes.data, 1, k_in, n_out, 0, w.packed.ctypes.data, w.absmax.ctypes.data,
+                    2, ctypes.c_float(w.tensor_scale), None, 4, None, y.ctypes.data)
+        conn.send((status, lib().kbit_last_error_message().decode()))
+
+    ctx = multiprocessing.get_context("fork")
+    parent, end = ctx.Pipe()
+    p = ctx.Process(target=child, args=(end,))
+    p.start()
+    p.join(60)
+    status, message = parent.recv()
+    assert status == 9, (status, message)  # KBIT_ERROR_INTERNAL
+    assert "memory" in message

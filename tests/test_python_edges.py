@@ -458,3 +458,26 @@ def test_sizes_come_from_the_library(rng, monkeypatch):
     kg.dequantize(raw, "Q8_0", 64)
     assert kg.GGUFTensor(raw, 8, (2, 32)).nbytes == 68
     assert "kbit_gguf_block_info" in called
+
+
+@pytest.mark.parametrize("shape", [(2**62 + 1, 4), (-1, -4), (2**64 + 4,), (2.0, 32), None,
+                                   (2, "a")])
+def test_tampered_shapes_are_kbit_errors(shape):
+    """A container whose shape is not non-negative integers, or whose product passes 2^62,
+    is refused with KbitError (np.prod had wrapped around and dequantized 4 elements)."""
+    q = kbit.quantize(np.ones((2, 32), np.float32), k=4)
+    b = kbit.quantize_nf4(np.ones((2, 64), np.float32))
+    for container, call in ((q, kbit.dequantize), (b, kbit.dequantize_nf4)):
+        container.shape = shape
+        with pytest.raises(kbit.KbitError):
+            call(container)
+
+
+@pytest.mark.parametrize("field", ["packed", "absmax"])
+def test_missing_fields_are_kbit_errors(field):
+    q = kbit.quantize(np.ones((2, 32), np.float32), k=4)
+    b = kbit.quantize_nf4(np.ones((2, 64), np.float32))
+    for container, call in ((q, kbit.dequantize), (b, kbit.dequantize_nf4)):
+        setattr(container, field, None)
+        with pytest.raises(kbit.KbitError):
+            call(container)

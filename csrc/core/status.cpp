@@ -3,29 +3,24 @@
 
 #include <cstdarg>
 #include <cstdio>
-#include <string>
 
 namespace kbit {
 
 namespace {
-thread_local std::string g_last_error;
+// A fixed buffer, not a string: the message must be stored even when the failure is
+// that memory ran out (a std::string could not take it then, and the message was lost).
+thread_local char g_last_error[512];
 }
 
 kbit_status fail(kbit_status status, const char *fmt, ...) {
-    char buf[512];
     va_list args;
     va_start(args, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, args);
+    std::vsnprintf(g_last_error, sizeof g_last_error, fmt, args);
     va_end(args);
-    try {
-        g_last_error = buf;
-    } catch (...) {
-        // Keep the status even if the message cannot be stored.
-    }
     return status;
 }
 
-void clear_error() { g_last_error.clear(); }
+void clear_error() { g_last_error[0] = '\0'; }
 
 }  // namespace kbit
 
@@ -50,7 +45,7 @@ KBIT_API const char *kbit_status_string(kbit_status status) {
 }
 
 KBIT_API const char *kbit_last_error_message(void) {
-    return kbit::g_last_error.c_str();
+    return kbit::g_last_error;
 }
 
 }  // extern "C"

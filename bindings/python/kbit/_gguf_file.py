@@ -95,6 +95,12 @@ def _diagnose(path: str) -> str | None:
             infos.append((name, dims, u32(f"tensor info {name!r}"), u64(f"tensor info {name!r}")))
         start = pos + (-pos) % max(alignment, 1)
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        names = [name for name, _, _, _ in infos]
+        if "" in names:  # e.g. a tensor count one past the real infos reads padding
+            return f"tensor info #{names.index('')} has an empty name"
+        if len(set(names)) != len(names):
+            return "two tensor infos have the same name"
+        ranges = []
         for name, dims, tid, offset in infos:
             try:
                 qt = GGMLQuantizationType(tid)
@@ -109,6 +115,15 @@ def _diagnose(path: str) -> str | None:
             if end > size:
                 return (f"tensor {name!r} needs bytes up to {end} but the file has {size}: "
                         "the file is truncated")
+            if offset % max(alignment, 1):
+                return (f"tensor {name!r} starts at offset {offset}, not a multiple of the "
+                        f"file's alignment {alignment}")
+            if end > start + offset:
+                ranges.append((start + offset, end, name))
+        ranges.sort()
+        for (_, end, first), (begin, _, second) in zip(ranges, ranges[1:]):
+            if begin < end:  # the format gives every tensor its own bytes
+                return f"tensors {first!r} and {second!r} overlap in the file"
     except _Truncated as e:
         return f"corrupt or truncated header: {e}"
     except RecursionError:

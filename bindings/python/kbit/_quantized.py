@@ -1,9 +1,9 @@
 """What every quantized-tensor container shares (kbit, NF4/FP4, GGUF)."""
 from __future__ import annotations
 
-import numpy as np
 
 from . import _arrays
+from ._lib import KbitError
 
 
 class QuantizedBase:
@@ -14,8 +14,20 @@ class QuantizedBase:
 
     @property
     def n(self) -> int:
-        """Number of elements of the original tensor."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        """Number of elements of the original tensor. A shape that is not a sequence of
+        non-negative integers, or whose product passes 2^62 (where np.prod would wrap
+        around), is a KbitError: a tampered container must not read as a small tensor."""
+        shape = self.shape
+        if not isinstance(shape, (tuple, list)):
+            raise KbitError(f"shape must be a tuple of integers, got {shape!r}")
+        n = 1
+        for d in shape:
+            if not _arrays.is_integer(d) or int(d) < 0:
+                raise KbitError(f"shape must hold non-negative integers, got {tuple(shape)!r}")
+            n *= int(d)
+            if n > 1 << 62:
+                raise KbitError(f"shape {tuple(shape)!r} has more than 2^62 elements")
+        return n
 
     @property
     def on_device(self) -> bool:

@@ -164,6 +164,8 @@ def _host_bytes(a, dtype):
     # float32 values are read in native order from an aligned copy where needed (a
     # big-endian array is converted, not viewed); bytes are taken as they are stored
     arr = _arrays.host_array(a) if dtype != "uint8" else np.ascontiguousarray(a)
+    if arr.dtype.kind not in "iuf":  # None, objects, strings: not a field of a state
+        raise KbitError(f"expected a {dtype} array, got {arr.dtype}")
     if arr.dtype != np.dtype(dtype):
         if arr.dtype.itemsize == np.dtype(dtype).itemsize or dtype == "uint8":
             arr = arr.view(dtype)  # same bytes (e.g. bitsandbytes' quant_storage)
