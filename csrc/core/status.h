@@ -56,9 +56,14 @@ inline kbit_status check_n(int64_t n, size_t elem) {
 // ceil(n / per) for n >= 0 (blocks of a tensor), without overflow for any n.
 inline int64_t blocks_of(int64_t n, int64_t per) { return n / per + (n % per != 0); }
 
+// Whether p is a multiple of `align` bytes (host and launcher code).
+inline bool aligned(const void *p, size_t align) {
+    return reinterpret_cast<uintptr_t>(p) % align == 0;
+}
+
 inline kbit_status check_ptr(const void *p, const char *name, size_t align) {
     if (p == nullptr) return fail(KBIT_ERROR_NULL_POINTER, "%s is NULL", name);
-    if (reinterpret_cast<uintptr_t>(p) % align != 0)
+    if (!aligned(p, align))
         return fail(KBIT_ERROR_MISALIGNED, "%s is not aligned to %zu bytes", name, align);
     return KBIT_SUCCESS;
 }

@@ -741,7 +741,7 @@ template <class T, class Dec>
 cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                           int64_t k_in, int64_t n_out, const void *bias, void *y,
                           cudaStream_t stream) {
-    const bool vec = reinterpret_cast<uintptr_t>(dec.packed) % 16 == 0 &&
+    const bool vec = aligned(dec.packed, 16) &&
                      (k_in / kChunk) * Dec::kChunkBytes % 16 == 0;
     if (vec) return launch_staged<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
     return launch_staged<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
@@ -856,8 +856,6 @@ cudaError_t launch_generic(const Values &values, kbit_dtype dtype, const void *x
 }
 
 // ---- entries -------------------------------------------------------------------------------------
-
-bool aligned(const void *p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 // The tensor-core paths take fp16/bf16 x on 16-byte boundaries; the staged one also
 // copies W and its scales in whole 4-byte words.

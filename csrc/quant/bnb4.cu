@@ -695,8 +695,6 @@ absmax_mean_kernel(const float *__restrict__ absmax, int64_t count, float *__res
 
 // ---- launchers --------------------------------------------------------------------------
 
-bool aligned(const void *p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
 template <class T>
 int64_t dequantize_ctas(int64_t n) {
     const int64_t chunks = (n + Chunk<T>::E - 1) / Chunk<T>::E;
