@@ -495,11 +495,50 @@ def test_gpu_matches_reference_and_host(rng, family, dtype):
         check_gpu(rng, w, w64, m, dtype, i % 2 == 0, f"{family} {kw} m={m} n_out={n_out}")
 
 
+# The tensor-core GEMM (m >= 9): CTA shapes of 16, 32, 64 and 128 rows of x, partial
+# tiles in m and n_out, an odd number of 32-element chunks (a half stage at the end), and
+# shapes with few tiles, which split k through kbit.matmul's cached workspace.
+GEMM_CASES = ((9, 131, 3), (17, 7, 5), (33, 260, 2), (64, 1, 7), (100, 131, 3),
+              (257, 33, 1), (40, 131, 128), (130, 300, 64))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_gpu_gemm(rng, family, dtype):
+    block = {"kbit": 32, "nf4": 64, "fp4": 64}.get(family) or block_of(family)
+    for i, (m, n_out, blocks) in enumerate(GEMM_CASES):
+        k_in = block * max(1, blocks * 32 // block)
+        kw = {}
+        if family == "kbit":
+            k = KS[i % 4]
+            kw = dict(k=k, fmt=FORMATS[i % 3], tensor_scale="custom" if i % 4 == 3 else None,
+                      codebook=np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
+                      if i % 3 == 1 else None)
+        elif family in ("nf4", "fp4"):
+            kw = dict(blocksize=BLOCKSIZES[i % 4], nested=i % 3 == 2)
+            k_in = max(k_in, kw["blocksize"]) // kw["blocksize"] * kw["blocksize"]
+        w, w64 = gpu_case(rng, family, n_out, k_in, **kw)
+        check_gpu(rng, w, w64, m, dtype, i % 2 == 0, f"{family} {kw} m={m} n_out={n_out} "
+                  f"k_in={k_in} workspace={workspace_bytes(m, k_in, n_out)}")
+
+
+def test_workspace_bytes():
+    """The split-K workspace: none below the GEMM's m or with enough tiles, some for few
+    tiles and long rows; -1 for negative sizes."""
+    assert workspace_bytes(8, 4096, 4096) == 0
+    assert workspace_bytes(16, 28672, 28672) == 0
+    assert workspace_bytes(16, 4096, 4096) > 0
+    assert workspace_bytes(40, 4096, 131) > 0
+    assert workspace_bytes(16, 64, 4096) == 0  # too few stages to split
+    assert workspace_bytes(-1, 1, 1) == -1
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["kbit", "nf4", "Q4_K", "Q8_0"])
 def test_gpu_large_k_in(rng, family, dtype):
-    for m, n_out in ((1, 131), (8, 33), (64, 7)):
+    for m, n_out in ((1, 131), (8, 33), (64, 7), (200, 65)):
         w, w64 = gpu_case(rng, family, n_out, BIG_K_IN)
         check_gpu(rng, w, w64, m, dtype, True, f"{family} k_in={BIG_K_IN} m={m}")
 
@@ -544,9 +583,10 @@ def test_gpu_workspace(rng, dtype):
 
 
 @requires_gpu
-def test_gpu_graph_capture(rng):
+@pytest.mark.parametrize("m", [4, 40])  # the GEMV; the GEMM with a split-K workspace
+def test_gpu_graph_capture(rng, m):
     import torch
-    dtype, m, n_out, k_in = "float16", 4, 131, 2048
+    dtype, n_out, k_in = "float16", 131, 2048
     w, w64 = kbit_weight(rng, n_out, k_in, 3, "e4m4")
     wd = to_device(w)
     x = random_x(rng, (m, k_in), dtype)

@@ -128,5 +128,46 @@ inline kbit_status check_matmul_gguf(const void *x, int64_t m, int64_t k_in, int
     });
 }
 
+
+// ---- the tensor-core GEMM's tiling (csrc/matmul/gemm.cuh) -----------------------------------
+// Shared with kbit_matmul_workspace_bytes, so that the size it asks for is the size a call
+// uses. From m = kGemmMinM rows of x the GEMM runs (below, the GEMV kernels): CTAs of
+// kGemmRows rows of W by bm rows of x, k in stages of kGemmStageK. A shape with fewer
+// tiles than the GPU has room for splits k over `splits` CTAs a tile when the caller gives
+// the workspace (partial sums and one arrival counter a tile).
+constexpr int64_t kGemmMinM = 9;
+constexpr int kGemmRows = 128;
+constexpr int kGemmStageK = 64;
+
+struct GemmPlan {
+    int bm = 0;           // rows of x per CTA: 16, 32 or 128
+    int64_t tiles = 0;    // output tiles (CTAs per split)
+    int64_t stages = 0;   // k stages of a row
+    int splits = 1;       // CTAs per tile along k (1: no workspace needed)
+    int64_t workspace = 0;
+};
+
+// 16 rows of x for m <= 16, 32 (one or two tiles) up to 64, then 128.
+inline int gemm_bm(int64_t m) { return m <= 16 ? 16 : m <= 64 ? 32 : 128; }
+
+// The split chosen for a shape: tiles times splits stays within about one wave of CTAs
+// (132 SMs; the 128-row configuration fits one CTA an SM, the smaller ones two) and each
+// split keeps at least 8 stages; sizes are fixed by the shape alone, not by the device.
+inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
+    GemmPlan p;
+    if (m < kGemmMinM || k_in <= 0 || n_out <= 0) return p;
+    p.bm = gemm_bm(m);
+    p.tiles = ((m + p.bm - 1) / p.bm) * ((n_out + kGemmRows - 1) / kGemmRows);
+    p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
+    const int64_t room = p.bm == 128 ? 132 : 264;
+    int64_t s = room / p.tiles;
+    if (s > p.stages / 8) s = p.stages / 8;
+    if (s > 16) s = 16;
+    if (s < 2) return p;
+    p.splits = static_cast<int>(s);
+    p.workspace = p.tiles * s * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
+    return p;
+}
+
 }  // namespace matmul
 }  // namespace kbit

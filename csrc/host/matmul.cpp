@@ -248,9 +248,11 @@ kbit_status gguf_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
 
 KBIT_MATMUL_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
 
-// No shape needs a workspace yet: every matmul kernel is correct and complete without one.
+// The GEMM's split-K workspace for shapes with too few tiles (formats/matmul.h); 0 where
+// no split is worth it. Every kernel is also correct without one.
 extern "C" KBIT_API int64_t kbit_matmul_workspace_bytes(int64_t m, int64_t k_in, int64_t n_out) {
-    return (m < 0 || k_in < 0 || n_out < 0) ? -1 : 0;
+    if (m < 0 || k_in < 0 || n_out < 0) return -1;
+    return kbit::matmul::gemm_plan(m, k_in, n_out).workspace;
 }
 
 extern "C" KBIT_API int64_t kbit_tiled_packed_bytes(int64_t n_out, int64_t k_in, int k) {

@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "../core/cuda.cuh"
 #include "../core/dispatch.h"
@@ -152,6 +153,7 @@ struct KbitStaged {
     int64_t packed_bytes, absmax_bytes;
     float scale_mul;  // tensor_scale times the codebook's largest |entry|
 
+    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
     __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * kScaleBytes; }
     // scale_offset(c + u) - scale_offset(c)
     __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * kScaleBytes; }
@@ -212,6 +214,32 @@ struct KbitStaged {
     }
 };
 
+// kbit with the absmax format chosen at run time: the GEMM decodes one scale per row and
+// chunk of a stage, not one per pair, so a switch there costs less than three times the
+// kernels.
+template <class T, int K>
+struct KbitAnyScale : KbitStaged<T, K, KBIT_ABSMAX_FP32> {
+    kbit_absmax_format fmt;
+    int sb;  // bytes of a scale: 1 (E4M4), 2 (fp16) or 4 (fp32)
+    __device__ __forceinline__ int scale_bytes() const { return sb; }
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * sb; }
+    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * sb; }
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        const uint32_t bits = sb == 1 ? *s
+                            : sb == 2 ? *reinterpret_cast<const uint16_t *>(s)
+                                      : *reinterpret_cast<const uint32_t *>(s);
+        return decode_scale(fmt, bits) * this->scale_mul;
+    }
+};
+
+// Tiled kbit in the GEMM (formats/kbit_tiled.h): KbitAnyScale's pair table and scales
+// with the layout's geometry; pairs are fields of the lanes' segments.
+template <class T, int K>
+struct TiledScale : KbitAnyScale<T, K> {
+    static constexpr int kK = K;
+    tiled::Geometry geo;
+};
+
 // NF4 / FP4: 16 packed bytes per chunk (byte i: element 2i high nibble, 2i+1 low), one
 // float32 scale per blocksize >= 32 elements.
 template <class T, class Fmt>
@@ -225,6 +253,7 @@ struct Bnb4Staged {
     int64_t packed_bytes, absmax_bytes;
     int log2_chunks_per_block;  // log2(blocksize / 32)
 
+    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
     __device__ __forceinline__ int64_t scale_offset(int64_t c) const {
         return (c >> log2_chunks_per_block) * 4;
     }
@@ -758,6 +787,8 @@ cudaError_t launch_direct(const Dec &dec, const void *x, int64_t m, int64_t k_in
     return launch_error();
 }
 
+#include "gemm.cuh"
+
 // ---- the generic kernel ------------------------------------------------------------------------
 //
 // values(e0, w): elements e0 .. e0+7 of W taken flat (e0 a multiple of 8, never across a
@@ -888,6 +919,17 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             using T = decltype(tag);
             if constexpr (!std::is_same_v<T, F32>) {
                 with_k(k, [&](auto kc) {
+                    if (m >= kGemmMinM) {
+                        using Dec = KbitAnyScale<T, kc.value>;
+                        const int sb = static_cast<int>(absmax_align(fmt));
+                        const Dec dec{{reinterpret_cast<const uint8_t *>(packed),
+                                       static_cast<const uint8_t *>(absmax),
+                                       blocks * Dec::kChunkBytes, blocks * sb, ts},
+                                      fmt, sb};
+                        err = gemm::launch_stored<T>(dec, codebook, k, x, m, k_in, n_out, bias,
+                                                     y, workspace, workspace_bytes, stream);
+                        return KBIT_SUCCESS;
+                    }
                     with_format(fmt, [&](auto f) {
                         using Dec = KbitStaged<T, kc.value, decltype(f)::value>;
                         const Dec dec{reinterpret_cast<const uint8_t *>(packed),
@@ -933,6 +975,19 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
+                if (m >= kGemmMinM) {
+                    using Dec = TiledScale<T, kc.value>;
+                    const int sb = static_cast<int>(absmax_align(fmt));
+                    const Dec dec{{{static_cast<const uint8_t *>(tiled_packed),
+                                    static_cast<const uint8_t *>(tiled_absmax),
+                                    tiled::packed_bytes(n_out, k_in, k),
+                                    tiled::absmax_bytes(n_out, k_in, fmt), ts},
+                                   fmt, sb},
+                                  tiled::geometry(n_out, k_in)};
+                    err = gemm::launch_tiled<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                                workspace, workspace_bytes, stream);
+                    return KBIT_SUCCESS;
+                }
                 with_format(fmt, [&](auto f) {
                     constexpr int K = kc.value;
                     constexpr kbit_absmax_format F = decltype(f)::value;
@@ -1014,7 +1069,10 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             if constexpr (!std::is_same_v<T, F32>) {
                 const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
-                err = launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
+                err = m >= kGemmMinM
+                          ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
+                                                   workspace, workspace_bytes, stream)
+                          : launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
             }
             return KBIT_SUCCESS;
         });
@@ -1037,9 +1095,13 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
         if (mma_ok(dtype, x)) {
             with_dtype(dtype, [&](auto tag) {
                 using T = decltype(tag);
-                if constexpr (!std::is_same_v<T, F32>)
-                    err = launch_direct<T>(FloatDirect<T, Fmt>{b}, x, m, k_in, n_out, bias, y,
-                                           stream);
+                if constexpr (!std::is_same_v<T, F32>) {
+                    const FloatDirect<T, Fmt> dec{b};
+                    err = m >= kGemmMinM
+                              ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y, workspace,
+                                                       workspace_bytes, stream)
+                              : launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
+                }
                 return KBIT_SUCCESS;
             });
         } else {

@@ -8,16 +8,18 @@ x takes the CPU path (the `_host` entries); CUDA x of any framework takes the GP
 on the framework's current stream, and y is allocated in x's framework. W must live
 where x lives. Host bfloat16 is uint16 bits with dtype='bfloat16'.
 
-A GPU call passes no workspace (always valid); callers who want the fastest path
-call the C entry with kbit_matmul_workspace_bytes() of zeroed device memory.
+A GPU call whose shape wants a split-K workspace (kbit_matmul_workspace_bytes) takes it
+from a cache of zeroed buffers, one per device and stream (calls on one stream never run
+at the same time; every call leaves its workspace zeroed again).
 """
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _lib
 from . import bnb4 as _bnb4
 from . import gguf as _gguf
 from . import kbit as _kbit
@@ -105,10 +107,29 @@ def _weight(w, wplace: _arrays.Place, place: _arrays.Place, n_out: int, k_in: in
     return "gguf", [tid, blocks.ptr], blocks
 
 
-def _call(place: _arrays.Place, name: str, *args) -> None:
+_workspaces: dict = {}  # (framework, device, stream) -> zeroed device buffer
+_workspace_lock = threading.Lock()
+
+
+def _workspace(place: _arrays.Place, m: int, k_in: int, n_out: int):
+    """(pointer, bytes) of the zeroed workspace for a GPU call; (None, 0) when the shape
+    needs none. Buffers grow and are kept (also alive for captured CUDA graphs)."""
+    need = _lib.size("kbit_matmul_workspace_bytes", m, k_in, n_out)
+    if need <= 0:
+        return None, 0
+    key = (place.framework, place.device_id, place.stream)
+    with _workspace_lock:
+        buf = _workspaces.get(key)
+        if buf is None or _arrays.device_view(buf).nbytes < need:
+            buf = place.upload(np.zeros(need, np.uint8))
+            _workspaces[key] = buf
+    return place.ptr(buf), need
+
+
+def _call(place: _arrays.Place, name: str, workspace, *args) -> None:
     """Place.call for a matmul entry: the launch versions take (workspace,
-    workspace_bytes) before the stream; none is passed (always valid)."""
-    place.call(name, *args, *((None, 0) if place.on_device else ()))
+    workspace_bytes) before the stream."""
+    place.call(name, *args, *(workspace if place.on_device else ()))
 
 
 def _rows(shape, k_in: int) -> int:
@@ -158,6 +179,7 @@ def matmul(x, w, bias=None, *, dtype=None, out=None):
     out, out_ptr = place.output(out, fx.shape[:-1] + (n_out,), fx.dtype)
     with place.active():
         family, args, _keep = _weight(w, wplace, place, n_out, k_in)  # _keep: behind args
-        _call(place, f"kbit_matmul_{family}", fx.ptr, m, k_in, n_out, fx.dtype_id, *args,
+        ws = _workspace(place, m, k_in, n_out) if place.on_device else None
+        _call(place, f"kbit_matmul_{family}", ws, fx.ptr, m, k_in, n_out, fx.dtype_id, *args,
               b.ptr if b is not None else None, out_ptr)
     return out
