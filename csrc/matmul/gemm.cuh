@@ -280,68 +280,54 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
 
     // Decodes stage s into tile buffer s % 2: pairs of T (zero past k_in) and, staged,
     // the float32 scale of each row's two chunks.
+    // Decodes stage s into tile buffer s % 2: pairs of T, zero past k_in (the raw bytes
+    // there are stale, so they are replaced, not branched around), and, staged, the
+    // float32 scales of the 128 rows' two chunks: one a thread (row tid / 2, chunk tid % 2).
     auto decode = [&](int64_t s) {
         uint8_t *tile_out = wtile + (s & 1) * kTileBytes;
-        float *scale_out = wscale + (s & 1) * kGemmRows * 2;
+        const uint8_t *slot = ring + static_cast<int>(s % kRing) * kSlot + BM * kBK * 2;
+        if constexpr (kStaged) {
+            const int row = tid >> 1, ch = tid & 1;
+            const int64_t r = min(n0 + row, n_out - 1);
+            const int64_t first = scale_of<kSrc>(dec, r, 2 * s, chunks);
+            const uint8_t *win = slot + kGemmRows * kRawRow + row * 16 + (first & 3);
+            const float f = dec.scale(win + (scale_of<kSrc>(dec, r, 2 * s + ch, chunks) - first));
+            wscale[(s & 1) * kGemmRows * 2 + tid] = 2 * s + ch < chunks ? f : 0.0f;
+        }
+        auto put = [&](int row, int unit, uint32_t (&p)[4], bool valid) {
+            if (!valid) p[0] = p[1] = p[2] = p[3] = 0u;
+            *reinterpret_cast<uint4 *>(tile_out + row * (kBK * 2) + swizzle(row, unit) * 16) =
+                make_uint4(p[0], p[1], p[2], p[3]);
+        };
         if constexpr (kSrc == kTiled) {
             // Thread (tile j, lane g, t): rows 16 j + g, 16 j + g + 8 of both chunks, elements
             // 8t .. 8t+7: fields 8 u + 4 h + i of its half segment (u chunk, h row half).
             constexpr int K = Dec::kK;
-            const uint8_t *slot = ring + static_cast<int>(s % kRing) * kSlot + BM * kBK * 2;
             uint32_t w[K];
 #pragma unroll
             for (int q = 0; q < K; ++q) w[q] = reinterpret_cast<const uint32_t *>(slot + tid * 4 * K)[q];
-            const int j = tid >> 5, ln = tid & 31, tg = ln >> 2, tt = ln & 3;
-            const uint8_t *scales = slot + kGemmRows * kRawRow;
+            const int j = tid >> 5, tg = (tid & 31) >> 2, tt = tid & 3;
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
-                const bool valid = 2 * s + u < chunks;
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = 16 * j + tg + 8 * h;
-                    uint32_t p[4] = {0u, 0u, 0u, 0u};
-                    if (valid) {
+                    uint32_t p[4];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) p[i] = my_table[stream_field<K>(w, 8 * u + 4 * h + i)];
-                    }
-                    *reinterpret_cast<uint4 *>(tile_out + row * (kBK * 2) +
-                                               swizzle(row, 4 * u + tt) * 16) =
-                        make_uint4(p[0], p[1], p[2], p[3]);
-                    if (tt == 0) {
-                        const int64_t r = min(n0 + row, n_out - 1);
-                        const int64_t first = scale_of<kSrc>(dec, r, 2 * s, chunks);
-                        const uint8_t *win = scales + row * 16 + (first & 3);
-                        scale_out[row * 2 + u] =
-                            valid ? dec.scale(win + (scale_of<kSrc>(dec, r, 2 * s + u, chunks) - first))
-                                  : 0.0f;
-                    }
+                    for (int i = 0; i < 4; ++i) p[i] = my_table[stream_field<K>(w, 8 * u + 4 * h + i)];
+                    put(16 * j + tg + 8 * h, 4 * u + tt, p, 2 * s + u < chunks);
                 }
             }
         } else {
-            const int64_t c = 2 * s + dchunk;
-            const bool valid = c < chunks;
+            const bool valid = 2 * s + dchunk < chunks;
 #pragma unroll
             for (int j = 0; j < kDecRows; ++j) {
                 const int row = (tid >> 3) + 32 * j;
-                uint32_t p[4] = {0u, 0u, 0u, 0u};
-                if constexpr (kStaged) {
-                    const uint8_t *slot = ring + static_cast<int>(s % kRing) * kSlot + BM * kBK * 2;
-                    if (valid) {
-                        dec.pairs(slot + row * kRawRow + dchunk * Dec::kChunkBytes, dt, my_table, p);
-                        if (dt == 0) {
-                            const int64_t c_row = drow[j] * chunks + 2 * s;
-                            const uint8_t *win = slot + kGemmRows * kRawRow + row * 16 +
-                                                 (dec.scale_offset(c_row) & 3);
-                            scale_out[row * 2 + dchunk] = dec.scale(win + dec.scale_delta(c_row, dchunk));
-                        }
-                    } else if (dt == 0) {
-                        scale_out[row * 2 + dchunk] = 0.0f;
-                    }
-                } else {
-                    if (valid) dec.pairs(raw_next[j], p);
-                }
-                *reinterpret_cast<uint4 *>(tile_out + row * (kBK * 2) + swizzle(row, du) * 16) =
-                    make_uint4(p[0], p[1], p[2], p[3]);
+                uint32_t p[4];
+                if constexpr (kStaged)
+                    dec.pairs(slot + row * kRawRow + dchunk * Dec::kChunkBytes, dt, my_table, p);
+                else
+                    dec.pairs(raw_next[j], p);
+                put(row, du, p, valid);
             }
         }
     };
