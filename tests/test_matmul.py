@@ -475,6 +475,21 @@ def check_gpu(rng, w, w64, m, dtype, with_bias, what):
 GPU_FAMILIES = ["kbit", "nf4", "fp4"] + list(GGUF_TYPES)
 
 
+def varied_case(rng, family, i, k_in, blocksizes):
+    """Case i of a family's sweep: (format arguments, k_in fitted to them). kbit cycles
+    through K, absmax formats, custom codebooks and tensor scales; NF4/FP4 through
+    `blocksizes` and nested states."""
+    if family == "kbit":
+        k = KS[i % 4]
+        return dict(k=k, fmt=FORMATS[i % 3], tensor_scale="custom" if i % 4 == 3 else None,
+                    codebook=np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
+                    if i % 3 == 1 else None), k_in
+    if family in ("nf4", "fp4"):
+        bs = blocksizes[i % len(blocksizes)]
+        return dict(blocksize=bs, nested=i % 3 == 2), max(k_in, bs) // bs * bs
+    return {}, k_in
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", GPU_FAMILIES)
@@ -482,20 +497,14 @@ def test_gpu_matches_reference_and_host(rng, family, dtype):
     block = {"kbit": 32, "nf4": 64, "fp4": 64}.get(family) or block_of(family)
     for i, (m, n_out) in enumerate(SHAPES):
         k_in = block * int(rng.integers(1, 5))
-        kw = {}
-        if family == "kbit":
-            k = KS[i % 4]
-            kw = dict(k=k, fmt=FORMATS[i % 3], tensor_scale="custom" if i % 4 == 3 else None,
-                      codebook=np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
-                      if i % 3 == 1 else None)
-        elif family in ("nf4", "fp4"):
-            kw = dict(blocksize=BLOCKSIZES[i % 8], nested=i % 3 == 2)
+        kw, k_in = varied_case(rng, family, i, k_in, BLOCKSIZES)
+        if family in ("nf4", "fp4"):
             k_in = kw["blocksize"] * int(rng.integers(1, 3))
         w, w64 = gpu_case(rng, family, n_out, k_in, **kw)
         check_gpu(rng, w, w64, m, dtype, i % 2 == 0, f"{family} {kw} m={m} n_out={n_out}")
 
 
-# The tensor-core GEMM (m >= 9): CTA shapes of 16, 32, 64 and 128 rows of x, partial
+# The tensor-core GEMM (m >= 9): CTA shapes of 16, 32 and 128 rows of x, partial
 # tiles in m and n_out, an odd number of 32-element chunks (a half stage at the end), and
 # shapes with few tiles, which split k through kbit.matmul's cached workspace.
 GEMM_CASES = ((9, 131, 3), (17, 7, 5), (33, 260, 2), (64, 1, 7), (100, 131, 3),
@@ -508,16 +517,8 @@ GEMM_CASES = ((9, 131, 3), (17, 7, 5), (33, 260, 2), (64, 1, 7), (100, 131, 3),
 def test_gpu_gemm(rng, family, dtype):
     block = {"kbit": 32, "nf4": 64, "fp4": 64}.get(family) or block_of(family)
     for i, (m, n_out, blocks) in enumerate(GEMM_CASES):
-        k_in = block * max(1, blocks * 32 // block)
-        kw = {}
-        if family == "kbit":
-            k = KS[i % 4]
-            kw = dict(k=k, fmt=FORMATS[i % 3], tensor_scale="custom" if i % 4 == 3 else None,
-                      codebook=np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)
-                      if i % 3 == 1 else None)
-        elif family in ("nf4", "fp4"):
-            kw = dict(blocksize=BLOCKSIZES[i % 4], nested=i % 3 == 2)
-            k_in = max(k_in, kw["blocksize"]) // kw["blocksize"] * kw["blocksize"]
+        kw, k_in = varied_case(rng, family, i, block * max(1, blocks * 32 // block),
+                               BLOCKSIZES[:4])
         w, w64 = gpu_case(rng, family, n_out, k_in, **kw)
         check_gpu(rng, w, w64, m, dtype, i % 2 == 0, f"{family} {kw} m={m} n_out={n_out} "
                   f"k_in={k_in} workspace={workspace_bytes(m, k_in, n_out)}")
