@@ -47,8 +47,13 @@ def one(args):
     n_out, k_in = map(int, args.shape.split("x"))
     w = torch.randn(n_out, k_in, dtype=torch.float16, device="cuda")
     x = torch.randn(args.m, k_in, dtype=torch.float16, device="cuda")
-    for name in args.formats.split(","):
-        q = kbit.quantize_nf4(w) if name == "nf4" else kbit.quantize(w, k=int(name[-1]))
+    for name in args.formats.split(","):  # nf4, kK (stored kbit) or kKt (tiled kbit)
+        if name == "nf4":
+            q = kbit.quantize_nf4(w)
+        else:
+            q = kbit.quantize(w, k=int(name[1]))
+            if name.endswith("t"):
+                q = kbit.tile(q)
         kbit.matmul(x, q)
     torch.cuda.synchronize()
     print(f"one launch each of {args.formats} at {args.shape}, m={args.m}")
@@ -59,7 +64,7 @@ def main():
     ap.add_argument("what", choices=("sweep", "one"))
     ap.add_argument("--shape", default="8192x28672")
     ap.add_argument("--m", type=int, default=1)
-    ap.add_argument("--formats", default="k4")
+    ap.add_argument("--formats", default="k4", help="comma list of nf4, kK, kKt (tiled)")
     args = ap.parse_args()
     sweep() if args.what == "sweep" else one(args)
 

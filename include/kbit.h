@@ -203,6 +203,19 @@ KBIT_API kbit_status kbit_dequantize_host(const uint32_t *packed, const void *ab
 /*! Writes the built-in normal-float codebook for k (2^k floats) to host memory. */
 KBIT_API kbit_status kbit_default_codebook_host(int k, float *codebook);
 
+/*! Built-in codebooks by kind (values pinned). Each is 2^k ascending floats spanning
+ *  [-1, 1]; any of them (or any other 2^k finite floats) is passed as `codebook`. */
+typedef enum kbit_codebook_kind {
+    KBIT_CODEBOOK_NORMAL = 0,  /* SPEC 1.1's symmetric normal-float book (the NULL codebook) */
+    KBIT_CODEBOOK_NF0 = 1,     /* normal-float with an exact zero (NF4's table at k = 4) */
+    KBIT_CODEBOOK_UNIFORM = 2  /* 2^k evenly spaced entries from -1 to 1 */
+} kbit_codebook_kind;
+
+/*! Writes built-in codebook `kind` (a kbit_codebook_kind) for k = 2..5 to host memory
+ *  (2^k floats). @return KBIT_SUCCESS, KBIT_ERROR_INVALID_ARGUMENT (kind or k) or
+ *  KBIT_ERROR_NULL_POINTER / KBIT_ERROR_MISALIGNED; nothing is written on failure. */
+KBIT_API kbit_status kbit_codebook_host(int kind, int k, float *codebook);
+
 /* ---------------------------------------------------------------------------------
  * NF4 / FP4: bitsandbytes-compatible 4-bit blockwise quantization (SPEC section 2)
  *

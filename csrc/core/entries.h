@@ -41,6 +41,7 @@
     P(kbit_absmax_format, absmax_format) P(float *, tensor_scale)
 #define KBIT_PARAMS_RANGE_FLAG(P0, P) P0(int *, raised) P(int, clear)
 #define KBIT_PARAMS_DEFAULT_CODEBOOK(P0, P) P0(int, k) P(float *, codebook)
+#define KBIT_PARAMS_CODEBOOK(P0, P) P0(int, kind) P(int, k) P(float *, codebook)
 
 #define KBIT_PARAMS_BNB4_QUANTIZE(P0, P) \
     P0(const void *, input) P(int64_t, n) P(int, blocksize) P(float *, absmax) P(uint8_t *, packed)
@@ -127,7 +128,8 @@
          (kbit::compute_tensor_scale_host))                                                       \
     GPU(kbit_get_range_flag, KBIT_PARAMS_RANGE_FLAG, KBIT_TAIL_NONE, (kbit::get_range_flag))      \
     HOST(kbit_default_codebook_host, KBIT_PARAMS_DEFAULT_CODEBOOK, KBIT_TAIL_NONE,                \
-         (kbit::default_codebook_host))
+         (kbit::default_codebook_host))                                                           \
+    HOST(kbit_codebook_host, KBIT_PARAMS_CODEBOOK, KBIT_TAIL_NONE, (kbit::codebook_host))
 
 // NF4 and FP4 (bitsandbytes' formats): (format tag, name) x (type tag, name).
 #define KBIT_BNB4_ROWS_OF_(FMT, F, TAG, T, GPU, HOST)                                             \

@@ -204,6 +204,17 @@ kbit_status default_codebook_host(int k, float *codebook) {
     return KBIT_SUCCESS;
 }
 
+kbit_status codebook_host(int kind, int k, float *codebook) {
+    if (kind < KBIT_CODEBOOK_NORMAL || kind > KBIT_CODEBOOK_UNIFORM)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "unknown codebook kind %d (0 normal, 1 nf0, 2 uniform)", kind);
+    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
+    KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    const float *const *books[] = {kNormalFloat, kNf0, kUniform};
+    std::copy(books[kind][k], books[kind][k] + (1 << k), codebook);
+    return KBIT_SUCCESS;
+}
+
 kbit_status compute_tensor_scale_host(const void *input, int64_t n, kbit_dtype dtype,
                                       kbit_absmax_format fmt, float *tensor_scale) {
     KBIT_TRY(check_common(n, dtype_size(dtype), fmt, 1.0f));

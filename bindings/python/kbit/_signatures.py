@@ -49,6 +49,7 @@ _add("kbit_e4m4_decode", (ctypes.c_uint8,), _F32)
 _launch("kbit_compute_tensor_scale", (_P, _I64, _INT, _INT, _P))
 _add("kbit_get_range_flag", (ctypes.POINTER(ctypes.c_int), _INT))
 _add("kbit_default_codebook_host", (_INT, _P))
+_add("kbit_codebook_host", (_INT, _INT, _P))
 
 # kbit quantize / dequantize: per (type, K) and generic
 for _t in C_TYPES:

@@ -62,6 +62,25 @@ def default_codebook(k: int) -> np.ndarray:
     return cb
 
 
+CODEBOOKS = {"normal": 0, "nf0": 1, "uniform": 2}  # kbit_codebook_kind
+
+
+def codebook(name: str, k: int) -> np.ndarray:
+    """Built-in codebook `name` for k (float32, 2^k ascending entries in [-1, 1]):
+    'normal' (the default, SPEC 1.1), 'nf0' (normal-float with an exact zero; NF4's table
+    at k = 4, better on outlier-heavy tensors whose blocks hold many near-zero values) or
+    'uniform' (evenly spaced)."""
+    if not isinstance(name, str) or name not in CODEBOOKS:
+        raise KbitError(f"unknown codebook {name!r}; built-in ones are {sorted(CODEBOOKS)}")
+    _check_k(k)
+    cb = np.empty(1 << k, dtype=np.float32)
+    call("kbit_codebook_host", CODEBOOKS[name], k, cb.ctypes.data)
+    return cb
+
+
+_named_book = codebook  # for functions whose `codebook` argument shadows the name
+
+
 def _check_k(k):
     if not _arrays.is_integer(k) or k not in (2, 3, 4, 5):
         raise KbitError(f"k must be 2..5, got {k!r}")
@@ -71,8 +90,10 @@ def _check_args(k: int, absmax: str, codebook):
     _check_k(k)
     if not isinstance(absmax, str) or absmax not in _FORMAT_ID:
         raise KbitError(f"absmax must be one of {sorted(_FORMAT_ID)}, got {absmax!r}")
-    if codebook is None:
+    if codebook is None or (isinstance(codebook, str) and codebook == "normal"):
         return None
+    if isinstance(codebook, str):
+        return _named_book(codebook, k)
     cb = _arrays.host_array(np.asarray(codebook, dtype=np.float32).reshape(-1))
     if cb.size != 1 << k:
         raise KbitError(f"codebook for k={k} needs {1 << k} entries, got {cb.size}")
@@ -87,7 +108,8 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
 
     x: a numpy array (CPU path) or a CUDA array of any framework (GPU path, no copy,
     on the framework's current stream). absmax: 'e4m4' (1 byte per block), 'fp16' or
-    'fp32'. codebook: 2^k floats, None for the built-in normal-float codebook.
+    'fp32'. codebook: 2^k floats, None (or 'normal') for the built-in normal-float
+    codebook, or a built-in one by name ('nf0', 'uniform': see kbit.codebook).
     tensor_scale: None picks one so that every block fits the absmax format.
     dtype: only for host bfloat16, passed as uint16 bits with dtype='bfloat16'.
     """

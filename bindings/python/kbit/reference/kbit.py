@@ -85,6 +85,31 @@ def create_normal_float_codebook(k: int) -> np.ndarray:
     return (q / np.abs(q).max()).astype(np.float32)
 
 
+def create_nf0_codebook(k: int) -> np.ndarray:
+    """The normal-float book with an exact zero (NF4's construction for any k): 2^(k-1)
+    positive quantiles of N(0,1) at p = linspace(offset, 0.5, 2^(k-1) + 1)[:-1], 2^(k-1) - 1
+    negative ones at linspace(offset, 0.5, 2^(k-1))[:-1] mirrored, and 0; offset halfway
+    between 1 - 1/(2 (2^k - 1)) and 1 - 1/(2^(k+1)); divided by the largest magnitude,
+    ascending, float32. At k = 4 it is NF4's table."""
+    if k not in (2, 3, 4, 5):
+        raise ValueError(f"k must be 2..5, got {k}")
+    m = 1 << k
+    offset = 0.5 * ((1 - 1 / (2 * (m - 1))) + (1 - 1 / (2 * m)))
+    half = m // 2
+    pos = [_norm_ppf(p) for p in np.linspace(offset, 0.5, half + 1)[:-1]]
+    neg = [-_norm_ppf(p) for p in np.linspace(offset, 0.5, half)[:-1]]
+    q = np.sort(np.array(pos + [0.0] + neg, dtype=np.float64))
+    return (q / np.abs(q).max()).astype(np.float32)
+
+
+def create_uniform_codebook(k: int) -> np.ndarray:
+    """2^k evenly spaced entries from -1 to 1, float32 (no zero: the grid of a uniform
+    quantizer that spends every code)."""
+    if k not in (2, 3, 4, 5):
+        raise ValueError(f"k must be 2..5, got {k}")
+    return np.linspace(-1.0, 1.0, 1 << k).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------------
 # E4M4 and fp16 scales
 # ----------------------------------------------------------------------------------
