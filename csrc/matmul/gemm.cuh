@@ -30,7 +30,12 @@ constexpr int kBK = kGemmStageK;                // 64: k of a stage
 constexpr int kUnits = kBK * 2 / 16;            // 16-byte units of a tile row (8)
 constexpr int kTileBytes = kGemmRows * kBK * 2; // a decoded W tile (16 KB)
 
-__host__ __device__ constexpr int swizzle(int row, int unit) { return unit ^ (row & 7); }
+// 16-byte unit u of row r sits at u ^ f(r % 8), f = 0 4 1 5 2 6 3 7: eight consecutive rows
+// at one unit (an ldmatrix) and one row's eight units (the stored decoder's stores) fill
+// all banks, and so do rows g, g + 1 at units 4u .. 4u + 3 (the tiled decoder's).
+__host__ __device__ constexpr int swizzle(int row, int unit) {
+    return unit ^ (((row >> 1) & 3) | ((row & 1) << 2));
+}
 
 // Warps over the CTA tile: 128 rows of x as 2 x 4 warps, fewer rows as 1 x 8.
 template <int BM>

@@ -566,12 +566,12 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // ahead of the one it computes; each pair index is a fixed-position bit field of the
 // segment, so a pair costs a field extraction, an address and a table read. No shared
 // memory staging, no bit-plane transposes (the repack did them once).
-template <int K, kbit_absmax_format FMT>
+template <int K, kbit_absmax_format FMT, int NT>
 struct TiledGroup {
     static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
     uint32_t w[2 * K];   // the lane's segment
     uint32_t s[2][kSB];  // rows g, g+8: 4 scales of kSB bytes each
-    uint4 x[4];          // x row g, elements 8t .. 8t+7 of the group's 4 chunks
+    uint4 x[NT][4];      // x rows g + 8 n, elements 8t .. 8t+7 of the group's 4 chunks
 };
 
 template <int K>
@@ -584,7 +584,9 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], in
     return v & ((1u << (2 * K)) - 1u);
 }
 
-template <class T, int K, kbit_absmax_format FMT>
+// NT: n8 tiles of x rows a CTA takes (8 NT rows): the A fragments decoded once serve NT
+// mma pairs, so m = 9..16 costs little more than m = 8.
+template <class T, int K, kbit_absmax_format FMT, int NT>
 __global__ void __launch_bounds__(kThreads)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -592,7 +594,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                   int64_t n_out, const typename T::storage *__restrict__ bias,
                   typename T::storage *__restrict__ y) {
     using Dec = KbitStaged<T, K, FMT>;  // its pair table
-    using Group = TiledGroup<K, FMT>;
+    using Group = TiledGroup<K, FMT, NT>;
     constexpr int kSB = Group::kSB;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
@@ -608,9 +610,14 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
     const int64_t chunks = k_in / kChunk, groups = (chunks + 3) / 4;
     const int64_t tile = blockIdx.x, r0 = tile * kTileRows;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
-    const bool has_x = m0 + g < m;
-    const uint4 *xrow = reinterpret_cast<const uint4 *>(x + (m0 + g) * k_in) + t;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kMaxM * NT);
+    bool has_x[NT];
+    const uint4 *xrow[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        has_x[n] = m0 + g + 8 * n < m;
+        xrow[n] = reinterpret_cast<const uint4 *>(x + (has_x[n] ? m0 + g + 8 * n : 0) * k_in) + t;
+    }
     const auto my_table = lane_table<copies>(table);
 
     auto load = [&](Group &G, int64_t grp) {
@@ -648,9 +655,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         }
         const int64_t c0 = grp * 4;
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-            G.x[u] = has_x && c0 + u < chunks ? __ldg(xrow + (c0 + u) * (kChunk / 8))
-                                              : make_uint4(0, 0, 0, 0);
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                G.x[n][u] = has_x[n] && c0 + u < chunks ? __ldg(xrow[n] + (c0 + u) * (kChunk / 8))
+                                                        : make_uint4(0, 0, 0, 0);
     };
     auto chunk_scale = [&](const Group &G, int h, int u) {
         if constexpr (kSB == 1) return e4m4_scale[(G.s[h][0] >> (8 * u)) & 0xFFu];
@@ -659,7 +668,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         else return __uint_as_float(G.s[h][u]) * scale_mul;
     };
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4] = {};
     auto compute = [&](const Group &G, int64_t grp) {
         const int n = static_cast<int>(chunks - grp * 4 < 4 ? chunks - grp * 4 : 4);
         auto one = [&](int u) {
@@ -669,7 +678,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 pa[i] = my_table[segment_field<K>(G.w, (2 * u) * 4 + i)];
                 pb[i] = my_table[segment_field<K>(G.w, (2 * u + 1) * 4 + i)];
             }
-            chunk_mma<T>(pa, pb, G.x[u], chunk_scale(G, 0, u), chunk_scale(G, 1, u), acc);
+            const float sa = chunk_scale(G, 0, u), sb = chunk_scale(G, 1, u);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) chunk_mma<T>(pa, pb, G.x[n][u], sa, sb, acc[n]);
         };
         if (n == 4) {  // every group but a row's last: no per-chunk branch
 #pragma unroll
@@ -691,7 +702,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         if (grp + 2 * kWarps < groups) load(a, grp + 2 * kWarps);
         compute(b, grp + kWarps);
     }
-    store_tile<T>(acc, r0, m0, m, n_out, bias, y);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        if (n > 0) __syncthreads();  // store_tile's shared partials are reused
+        store_tile<T>(acc[n], r0, m0 + 8 * n, m, n_out, bias, y);
+    }
 }
 
 // One thread per (segment, lane): the lane's segment from the stored words (tile) or back
@@ -975,7 +990,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
-                if (m >= kGemmMinM) {
+                if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                     using Dec = TiledScale<T, kc.value>;
                     const int sb = static_cast<int>(absmax_align(fmt));
                     const Dec dec{{{static_cast<const uint8_t *>(tiled_packed),
@@ -993,15 +1008,23 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     constexpr kbit_absmax_format F = decltype(f)::value;
                     using S = typename T::storage;
                     const int smem = table_bytes<KbitStaged<T, K, F>>();
-                    err = allow_smem<gemv_tiled_kernel<T, K, F>>(smem);
-                    if (err != cudaSuccess) return;
-                    cudaGetLastError();
-                    gemv_tiled_kernel<T, K, F><<<tile_grid(m, n_out), kThreads, smem, stream>>>(
-                        static_cast<const uint8_t *>(tiled_packed),
-                        static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
-                        static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
-                        static_cast<S *>(y));
-                    err = launch_error();
+                    // 8 rows of x a pass, or 16 (two n8 tiles on one decode) from m = 9
+                    auto run = [&](auto nt) {
+                        constexpr int NT = decltype(nt)::value;
+                        err = allow_smem<gemv_tiled_kernel<T, K, F, NT>>(smem);
+                        if (err != cudaSuccess) return;
+                        cudaGetLastError();
+                        const dim3 grid(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
+                                        static_cast<unsigned>(blocks_of(m, kMaxM * NT)));
+                        gemv_tiled_kernel<T, K, F, NT><<<grid, kThreads, smem, stream>>>(
+                            static_cast<const uint8_t *>(tiled_packed),
+                            static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
+                            static_cast<const S *>(x), m, k_in, n_out,
+                            static_cast<const S *>(bias), static_cast<S *>(y));
+                        err = launch_error();
+                    };
+                    if (m > kMaxM) run(std::integral_constant<int, 2>{});
+                    else run(std::integral_constant<int, 1>{});
                 });
                 return KBIT_SUCCESS;
             });
