@@ -124,7 +124,7 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
         assert np.array_equal(t.absmax.cpu().numpy(), t_host.absmax)
         back = kbit.untile(t)
         assert np.array_equal(back.packed.cpu().numpy().view(np.uint32), q.packed)
-        for m in (1, 2, 4, 8, 11, 16, 33, 100, 257):  # GEMV to m = 16, then the GEMM
+        for m in (1, 2, 4, 8, 11, 16, 27, 33, 100, 257):  # GEMV to m = 16, then the GEMM
             x = random_x(rng, (m, k_in), dtype)
             y = from_cuda(kbit.matmul(cuda_x(x, dtype), t), dtype)
             scale = magnitude(x, w64, dtype)
