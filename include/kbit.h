@@ -216,6 +216,17 @@ typedef enum kbit_codebook_kind {
  *  KBIT_ERROR_NULL_POINTER / KBIT_ERROR_MISALIGNED; nothing is written on failure. */
 KBIT_API kbit_status kbit_codebook_host(int kind, int k, float *codebook);
 
+/*! Fits a codebook of 2^k float32 entries (k = 2..5) to the n values at `input` (host
+ *  memory, dtype fp32/fp16/bf16) and writes it to `codebook` (host memory). The values
+ *  are taken in blocks of 32 over their block's largest |value| (the absmax rule) and
+ *  the book is fitted by Lloyd-Max on an integer histogram of 4096 bins: ends fixed at
+ *  -1 and +1, inner entries moved to their cells' centroids, starting from the default
+ *  book; deterministic (the same bytes give the same book on any number of threads).
+ *  @return KBIT_SUCCESS; KBIT_ERROR_INVALID_ARGUMENT for bad k / dtype, n <= 0, NaN or Inf
+ *  in the input, or an all-zero input; a pointer error. Nothing is written on failure. */
+KBIT_API kbit_status kbit_fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype,
+                                            int k, float *codebook);
+
 /* ---------------------------------------------------------------------------------
  * NF4 / FP4: bitsandbytes-compatible 4-bit blockwise quantization (SPEC section 2)
  *

@@ -207,8 +207,15 @@
     HOST(kbit_matmul_kbit_tiled_host, KBIT_PARAMS_MATMUL_KBIT_TILED, KBIT_TAIL_NONE,             \
          (kbit::matmul::kbit_tiled_host))
 
+// Codebooks fitted to a tensor (issue 13; formats/codebook_fit.h).
+#define KBIT_PARAMS_FIT_CODEBOOK(P0, P) \
+    P0(const void *, input) P(int64_t, n) P(kbit_dtype, dtype) P(int, k) P(float *, codebook)
+#define KBIT_CODEBOOK_ENTRIES(GPU, HOST) \
+    HOST(kbit_fit_codebook_host, KBIT_PARAMS_FIT_CODEBOOK, KBIT_TAIL_NONE, (kbit::fit_codebook_host))
+
 #define KBIT_ALL_ENTRIES(GPU, HOST)                                                              \
     KBIT_KBIT_ENTRIES(GPU, HOST)                                                                 \
+    KBIT_CODEBOOK_ENTRIES(GPU, HOST)                                                             \
     KBIT_BNB4_ENTRIES(GPU, HOST)                                                                 \
     KBIT_GGUF_ENTRIES(GPU, HOST)                                                                 \
     KBIT_MATMUL_ENTRIES(GPU, HOST)

@@ -5,7 +5,8 @@ or __cuda_array_interface__ without copies. kbit.reference is the pure numpy gro
 truth for every format.
 """
 from ._lib import KbitError, cuda_available, version
-from .kbit import QuantizedTensor, codebook, default_codebook, dequantize, quantize
+from .kbit import (QuantizedTensor, codebook, default_codebook, dequantize, fit_codebook,
+                   quantize)
 from .bnb4 import (Quantized4bit, dequantize_4bit, dequantize_fp4, dequantize_nf4,
                    quantize_4bit, quantize_fp4, quantize_nf4)
 from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
@@ -14,7 +15,7 @@ from .matmul import matmul
 from .tiled import TiledTensor, tile, untile
 
 __all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
-           "codebook", "default_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
+           "codebook", "default_codebook", "fit_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
            "dequantize_nf4", "gguf", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
            "quantize_nf4", "tile", "TiledTensor", "untile", "version"]
 __version__ = "0.1.0"

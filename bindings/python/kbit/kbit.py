@@ -102,6 +102,47 @@ def _check_args(k: int, absmax: str, codebook):
     return cb
 
 
+def fit_codebook(x, k: int, absmax_format: str = "e4m4", dtype=None) -> np.ndarray:
+    """2^k float32 entries fitted to x (SPEC section 7): Lloyd-Max on the histogram of x's
+    values over their block's largest |value|, ends kept at -1 and +1, deterministic (see
+    kbit_fit_codebook_host). x: any shape, fp32/fp16 or bfloat16 (host uint16 bits with
+    dtype='bfloat16'). absmax_format: the format the book is meant for (checked; every
+    format starts from the same absmax rule). Host arrays only for now: a GPU array
+    raises KbitError (copy it to the host first)."""
+    _check_k(k)
+    if not isinstance(absmax_format, str) or absmax_format not in _FORMAT_ID:
+        raise KbitError(f"absmax_format must be one of {sorted(_FORMAT_ID)}, "
+                        f"got {absmax_format!r}")
+    xin = _arrays.float_input(x, dtype)
+    if xin.place.on_device:
+        raise KbitError("fit_codebook runs on the CPU in this version: pass a host copy of "
+                        "the tensor (e.g. x.cpu() or x.get())",
+                        status_code("KBIT_ERROR_NOT_SUPPORTED"))
+    book = np.empty(1 << k, dtype=np.float32)
+    call("kbit_fit_codebook_host", xin.ptr, xin.size, xin.dtype_id, k, book.ctypes.data)
+    return book
+
+
+def _error_of(x, q: QuantizedTensor, dtype) -> float:
+    """Squared error of q against host x (float64 sums)."""
+    ref = np.asarray(x, dtype=np.float64) if dtype != "bfloat16" else \
+        (np.asarray(x, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    got = np.asarray(dequantize(q, dtype="float32"), dtype=np.float64).reshape(ref.shape)
+    return float(((ref - got) ** 2).sum())
+
+
+def _quantize_best(x, k, absmax, tensor_scale, dtype) -> QuantizedTensor:
+    """codebook='auto': the book among the built-in ones and the fitted one whose
+    quantized tensor has the least squared error (ties: the first of normal, nf0, fit)."""
+    best = None
+    for book in ("normal", "nf0", fit_codebook(x, k, absmax, dtype)):
+        q = quantize(x, k, absmax, book, tensor_scale, dtype)
+        err = _error_of(x, q, dtype)
+        if best is None or err < best[0]:
+            best = (err, q)
+    return best[1]
+
+
 def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
              tensor_scale: float | None = None, dtype=None) -> QuantizedTensor:
     """Quantizes x to k bits per element in blocks of 32 (SPEC section 1).
@@ -109,10 +150,18 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
     x: a numpy array (CPU path) or a CUDA array of any framework (GPU path, no copy,
     on the framework's current stream). absmax: 'e4m4' (1 byte per block), 'fp16' or
     'fp32'. codebook: 2^k floats, None (or 'normal') for the built-in normal-float
-    codebook, or a built-in one by name ('nf0', 'uniform': see kbit.codebook).
+    codebook, a built-in one by name ('nf0', 'uniform': see kbit.codebook), 'fit' (a book
+    fitted to x by kbit.fit_codebook) or 'auto' (whichever of 'normal', 'nf0' and 'fit'
+    gives x the least squared error); the book used is the container's codebook. 'fit'
+    and 'auto' take host arrays in this version.
     tensor_scale: None picks one so that every block fits the absmax format.
     dtype: only for host bfloat16, passed as uint16 bits with dtype='bfloat16'.
     """
+    if isinstance(codebook, str) and codebook in ("fit", "auto"):
+        _check_k(k)
+        if codebook == "auto":
+            return _quantize_best(x, k, absmax, tensor_scale, dtype)
+        codebook = fit_codebook(x, k, absmax, dtype)
     cb = _check_args(k, absmax, codebook)
     fmt = _FORMAT_ID[absmax]
     x = _arrays.float_input(x, dtype)
