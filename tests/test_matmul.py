@@ -734,3 +734,32 @@ def test_host_out_of_memory_keeps_its_message(rng):
     status, message = parent.recv()
     assert status == 9, (status, message)  # KBIT_ERROR_INTERNAL
     assert "memory" in message
+
+
+@requires_gpu
+@pytest.mark.parametrize("m", [1, 40])
+def test_gpu_python_matmul_in_a_cuda_graph(rng, m):
+    """kbit.matmul itself captured in a CUDA graph (the demo does this): its workspace and a
+    custom codebook's device copy are made without host copies during the capture, and
+    replays follow new x."""
+    import torch
+    dtype, n_out, k_in = "float16", 131, 2048
+    cb = np.sort(rng.uniform(-1, 1, 16)).astype(np.float32)
+    w, w64 = kbit_weight(rng, n_out, k_in, 4, "e4m4", codebook=cb)
+    wd = to_device(w)
+    x_t = cuda_x(random_x(rng, (m, k_in), dtype), dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kbit.matmul(x_t, wd)  # warm-up outside the capture (as torch's own rule asks)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_t = kbit.matmul(x_t, wd)
+    for _ in range(2):
+        x = random_x(rng, (m, k_in), dtype)
+        x_t.copy_(cuda_x(x, dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_accuracy(from_cuda(y_t, dtype), reference(x, w64, None, dtype), dtype,
+                       f"graph m={m}", magnitude(x, w64, dtype))

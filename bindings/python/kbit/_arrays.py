@@ -15,6 +15,7 @@ views the other fields of a quantized tensor and calls the right C symbol.
 from __future__ import annotations
 
 import contextlib
+import threading
 import ctypes
 from dataclasses import dataclass
 from typing import Any
@@ -281,6 +282,10 @@ def float_dtype(dtype, what: str = "output") -> str:
     return name
 
 
+_UPLOADS: dict = {}  # Place.upload_cached: (framework, device, dtype, bytes) -> array
+_UPLOADS_LOCK = threading.Lock()
+
+
 class Place:
     """Where a call runs and its outputs live: the host (`device_id` None: numpy arrays,
     the `_host` C functions) or CUDA device `device_id` (the launch functions, on
@@ -370,6 +375,21 @@ class Place:
         return self._with_framework(
             lambda m: _upload_with(m, host, self.device_id),
             "copy to the device: it needs PyTorch or CuPy")
+
+    def upload_cached(self, host: np.ndarray):
+        """upload() of a small constant array (a codebook), kept per framework, device and
+        contents: repeated calls make no copies, so they can be captured in CUDA graphs
+        once a first call has run outside the capture."""
+        if not self.on_device:
+            return host
+        key = (self.framework, self.device_id, host.dtype.str, host.tobytes())
+        with _UPLOADS_LOCK:
+            arr = _UPLOADS.get(key)
+            if arr is None:
+                if len(_UPLOADS) >= 256:
+                    _UPLOADS.clear()
+                arr = _UPLOADS[key] = self.upload(host)
+        return arr
 
     def output(self, out, shape, dtype: str):
         """(array, pointer) of a result of `shape` and `dtype`: `out` checked, or a new

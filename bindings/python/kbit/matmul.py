@@ -64,7 +64,7 @@ def _weight(w, wplace: _arrays.Place, place: _arrays.Place, n_out: int, k_in: in
         am = wplace.view(w.absmax, "absmax", lambda a: _kbit._host_field(
             a, _kbit._ABSMAX_NP[w.absmax_format], "absmax", w))
         _kbit._check_sizes(packed.size, am.size, w)
-        cb_here = place.upload(cb) if cb is not None else None
+        cb_here = place.upload_cached(cb) if cb is not None else None
         args = [packed.ptr, am.ptr, _kbit._FORMAT_ID[w.absmax_format],
                 ctypes.c_float(w.tensor_scale), place.ptr(cb_here), w.k]
         return "kbit", args, (packed, am, cb_here)
@@ -121,7 +121,10 @@ def _workspace(place: _arrays.Place, m: int, k_in: int, n_out: int):
     with _workspace_lock:
         buf = _workspaces.get(key)
         if buf is None or _arrays.device_view(buf).nbytes < need:
-            buf = place.upload(np.zeros(need, np.uint8))
+            # allocated and zeroed by the framework, not copied from the host, so that
+            # a first call inside a CUDA graph capture works too
+            buf = place.empty((need,), "uint8")
+            buf.zero_() if hasattr(buf, "zero_") else buf.fill(0)
             _workspaces[key] = buf
     return place.ptr(buf), need
 

@@ -113,7 +113,7 @@ def matmul_args(t: TiledTensor, wplace: _arrays.Place, place: _arrays.Place):
     pbytes, abytes = _sizes(t.shape, t.k, t.absmax_format)
     tp = _bytes_view(wplace, t.packed, "packed", pbytes)
     ta = _bytes_view(wplace, t.absmax, "absmax", abytes)
-    cb_here = place.upload(cb) if cb is not None else None
+    cb_here = place.upload_cached(cb) if cb is not None else None
     args = [tp.ptr, ta.ptr, _kbit._FORMAT_ID[t.absmax_format], ctypes.c_float(t.tensor_scale),
             place.ptr(cb_here), t.k]
     return args, (tp, ta, cb_here)
