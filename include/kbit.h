@@ -227,6 +227,20 @@ KBIT_API kbit_status kbit_codebook_host(int kind, int k, float *codebook);
 KBIT_API kbit_status kbit_fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype,
                                             int k, float *codebook);
 
+/*! kbit_fit_codebook_host on the GPU: input and codebook in device memory, asynchronous on
+ *  `stream`, the same book for the same bytes. workspace: kbit_fit_codebook_workspace_bytes()
+ *  bytes of device memory, zeroed once after allocation and left zeroed by every call
+ *  (calls that may run at the same time need separate workspaces). An input with NaN or
+ *  Inf, or with no nonzero value, cannot be reported before the kernels run: the book is
+ *  then written as NaN. @return a status as kbit_fit_codebook_host, checked before any
+ *  launch, or KBIT_ERROR_INVALID_ARGUMENT for a short workspace. */
+KBIT_API kbit_status kbit_fit_codebook(const void *input, int64_t n, kbit_dtype dtype, int k,
+                                       float *codebook, void *workspace,
+                                       size_t workspace_bytes, kbit_stream_t stream);
+
+/*! @return the bytes of device workspace kbit_fit_codebook takes. */
+KBIT_API int64_t kbit_fit_codebook_workspace_bytes(void);
+
 /* ---------------------------------------------------------------------------------
  * NF4 / FP4: bitsandbytes-compatible 4-bit blockwise quantization (SPEC section 2)
  *

@@ -130,7 +130,9 @@ def squared_error(x, q):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", KS)
-def test_fitted_book_lowers_the_error(rng, kind, k):
+def test_fitted_book_lowers_the_error(kind, k):
+    """Seeded data (the issue's wording): the fitted book strictly lowers the error."""
+    rng = np.random.default_rng(20261123 + 10 * k + KINDS.index(kind))
     for n in (32 * 64 + 7, 1 << 15):
         x = synthetic(rng, kind, n)
         book = kbit.fit_codebook(x, k)
@@ -139,6 +141,17 @@ def test_fitted_book_lowers_the_error(rng, kind, k):
         fitted, default = kbit.quantize(x, k=k, codebook=book), kbit.quantize(x, k=k)
         assert np.array_equal(fitted.codebook, book)
         assert squared_error(x, fitted) < squared_error(x, default), f"{kind} k={k} n={n}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fitted_book_is_never_much_worse(rng, kind):
+    """On fresh data as well: the fit minimises the error of the absmax rule, which the
+    E4M4 scale search departs from a little, so on Gaussian data (where the default book
+    is already close to optimal) the fitted one may lose a hair, never more than 1%."""
+    for k in KS:
+        x = synthetic(rng, kind, 1 << 14)
+        fitted = squared_error(x, kbit.quantize(x, k=k, codebook="fit"))
+        assert fitted <= 1.01 * squared_error(x, kbit.quantize(x, k=k)), f"{kind} k={k}"
 
 
 def test_fit_is_deterministic_and_takes_every_dtype(rng):
@@ -196,14 +209,50 @@ def test_fit_bad_input():
 
 
 @requires_gpu
-def test_gpu_named_books_and_fit_on_the_host_only(rng):
-    """Named books go to the GPU quantizer like any table; fitting takes host arrays in this
-    version and says so for device ones."""
+def test_gpu_named_books(rng):
+    """Named books go to the GPU quantizer like any table: the same bytes as the host."""
     import torch
     x = rng.standard_normal((64, 96)).astype(np.float32)
     q = kbit.quantize(torch.from_numpy(x).cuda(), k=3, codebook="nf0")
     torch.cuda.synchronize()
     host = kbit.quantize(x, k=3, codebook="nf0")
     assert np.array_equal(q.packed.cpu().numpy().view(np.uint32), host.packed)
-    with pytest.raises(KbitError, match="on the CPU"):
-        kbit.fit_codebook(torch.from_numpy(x).cuda(), 3)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_fit_equals_host_fit(rng, kind):
+    import torch
+    for k in KS:
+        for n in (32 * 5 + 3, 1 << 17):
+            x = synthetic(rng, kind, n)
+            for host, dev, dt in ((x, torch.from_numpy(x).cuda(), None),
+                                  (x.astype(np.float16), torch.from_numpy(x).cuda().half(), None)):
+                assert np.array_equal(kbit.fit_codebook(dev, k), kbit.fit_codebook(host, k, dtype=dt)), \
+                    f"{kind} k={k} n={n} {host.dtype}"
+    xb = torch.from_numpy(synthetic(rng, kind, 4096)).cuda().bfloat16()
+    bits = xb.view(torch.int16).cpu().numpy().view(np.uint16)
+    assert np.array_equal(kbit.fit_codebook(xb, 4), kbit.fit_codebook(bits, 4, dtype="bfloat16"))
+
+
+@requires_gpu
+def test_gpu_fit_auto_and_bad_input(rng):
+    import torch
+    x = synthetic(rng, "outliers", 1 << 14)
+    xd = torch.from_numpy(x).cuda()
+    auto = kbit.quantize(xd, k=3, codebook="auto")
+    assert np.array_equal(auto.codebook, kbit.quantize(x, k=3, codebook="auto").codebook)
+    for bad in (torch.zeros(100, device="cuda"), torch.tensor([1.0, float("nan")] * 40, device="cuda")):
+        with pytest.raises(KbitError, match="NaN or Inf, or is all zeros"):
+            kbit.fit_codebook(bad, 4)
+    # the C entry leaves its workspace zeroed, and checks its size
+    nbytes = int(function("kbit_fit_codebook_workspace_bytes")())
+    ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    out = torch.empty(16, device="cuda")
+    fn, stream = function("kbit_fit_codebook"), torch.cuda.current_stream().cuda_stream
+    for _ in range(2):
+        assert fn(xd.data_ptr(), x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes, stream) == 0
+        torch.cuda.synchronize()
+        assert int(torch.count_nonzero(ws)) == 0
+        assert np.array_equal(out.cpu().numpy(), kbit.fit_codebook(x, 4))
+    assert fn(xd.data_ptr(), x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes - 8, stream) == 1

@@ -210,7 +210,10 @@
 // Codebooks fitted to a tensor (issue 13; formats/codebook_fit.h).
 #define KBIT_PARAMS_FIT_CODEBOOK(P0, P) \
     P0(const void *, input) P(int64_t, n) P(kbit_dtype, dtype) P(int, k) P(float *, codebook)
-#define KBIT_CODEBOOK_ENTRIES(GPU, HOST) \
+// The GPU form takes a workspace as matmul does (kbit_fit_codebook_workspace_bytes, zeroed
+// once, left zeroed).
+#define KBIT_CODEBOOK_ENTRIES(GPU, HOST)                                                          \
+    GPU(kbit_fit_codebook, KBIT_PARAMS_FIT_CODEBOOK, KBIT_TAIL_MATMUL, (kbit::fit_codebook))      \
     HOST(kbit_fit_codebook_host, KBIT_PARAMS_FIT_CODEBOOK, KBIT_TAIL_NONE, (kbit::fit_codebook_host))
 
 #define KBIT_ALL_ENTRIES(GPU, HOST)                                                              \
@@ -247,7 +250,8 @@
     X(int64_t, kbit_nf4_absmax2_count, KBIT_PARAMS_COUNT)                                        \
     X(int64_t, kbit_matmul_workspace_bytes, KBIT_PARAMS_MATMUL_SHAPE)                           \
     X(int64_t, kbit_tiled_packed_bytes, KBIT_PARAMS_TILED_PACKED)                               \
-    X(int64_t, kbit_tiled_absmax_bytes, KBIT_PARAMS_TILED_ABSMAX)
+    X(int64_t, kbit_tiled_absmax_bytes, KBIT_PARAMS_TILED_ABSMAX)                               \
+    X(int64_t, kbit_fit_codebook_workspace_bytes, KBIT_PARAMS_VOID)
 
 // ---- expanding rows -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // Fitting a kbit codebook to a tensor (issue 13), shared by the CPU (csrc/host/codebook.cpp)
-// and, later, the GPU: the same integer histogram and the same Lloyd-Max iterations give
-// the same book on both.
+// and the GPU (csrc/quant/codebook.cu): the same integer histogram and the same Lloyd-Max
+// steps give the same book on both.
 //
 // The scale rule fitted to: each 32-element block over its largest |value| (the absmax
 // rule every absmax format starts from), so every value lies in [-1, 1] and each nonzero
@@ -21,6 +21,7 @@ namespace fit {
 
 constexpr int kBins = 4096;
 constexpr int kIterations = 40;
+constexpr int64_t kWorkspaceBytes = kBins * 8 + 16;  // the GPU fit's: 64-bit bins, a flag
 
 // The bin of a normalised value v in [-1, 1].
 KBIT_HD int bin_of(float v) {
@@ -30,26 +31,41 @@ KBIT_HD int bin_of(float v) {
 // A bin's centre is (2b + 1) / kBins - 1: sums of (2b + 1) are integers.
 KBIT_HD double centre_of(double twice_plus_one) { return twice_plus_one / kBins - 1.0; }
 
+// The cell of bin b for a book of m ascending entries: how many of the m - 1 boundaries
+// (halfway between neighbours) lie below the bin's centre.
+KBIT_HD int cell_of(int b, const double *book, int m) {
+    const double c = centre_of(2.0 * b + 1.0);
+    int cell = 0;
+    while (cell + 1 < m && c > 0.5 * (book[cell] + book[cell + 1])) ++cell;
+    return cell;
+}
+
+// One Lloyd step's update from the cells' integer sums (count, sum of 2b + 1): inner
+// entries move to their cells' centroids, ends and empty cells stay. Returns whether an
+// entry moved.
+KBIT_HD bool update(const uint64_t *count, const uint64_t *sum, int m, double *book) {
+    bool moved = false;
+    for (int j = 1; j + 1 < m; ++j) {
+        if (count[j] == 0) continue;
+        const double v = centre_of(static_cast<double>(sum[j]) / static_cast<double>(count[j]));
+        moved |= v != book[j];
+        book[j] = v;
+    }
+    return moved;
+}
+
 // Lloyd-Max on histogram `hist` for a book of m entries: book (ascending, ends -1 and 1)
-// is the start and the result. Cells: bin b belongs to the entry nearest its centre.
-KBIT_HD void lloyd(const uint64_t *hist, int m, double *book) {
+// is the start and the result. The GPU runs the same steps with the bins split over
+// threads; the sums are integers, so both give the same book.
+inline void lloyd(const uint64_t *hist, int m, double *book) {
     for (int it = 0; it < kIterations; ++it) {
         uint64_t count[32] = {}, sum[32] = {};
-        int cell = 0;
         for (int b = 0; b < kBins; ++b) {
-            const double c = centre_of(2.0 * b + 1.0);
-            while (cell + 1 < m && c > 0.5 * (book[cell] + book[cell + 1])) ++cell;
+            const int cell = cell_of(b, book, m);
             count[cell] += hist[b];
             sum[cell] += hist[b] * static_cast<uint64_t>(2 * b + 1);
         }
-        bool moved = false;
-        for (int j = 1; j + 1 < m; ++j) {
-            if (count[j] == 0) continue;  // an empty cell keeps its entry
-            const double v = centre_of(static_cast<double>(sum[j]) / static_cast<double>(count[j]));
-            moved |= v != book[j];
-            book[j] = v;
-        }
-        if (!moved) break;
+        if (!update(count, sum, m, book)) break;
     }
 }
 

@@ -71,3 +71,7 @@ kbit_status fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype, in
 }  // namespace kbit
 
 KBIT_CODEBOOK_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
+
+extern "C" KBIT_API int64_t kbit_fit_codebook_workspace_bytes(void) {
+    return kbit::fit::kWorkspaceBytes;
+}

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _arrays
 from ._quantized import QuantizedBase
-from ._lib import KbitError, call, size, status_code
+from ._lib import KbitError, call, function, size, status_code
 
 _FORMAT_ID = {"fp32": 0, "fp16": 1, "e4m4": 2}
 _ABSMAX_NP = {"fp32": "float32", "fp16": "float16", "e4m4": "uint8"}
@@ -106,28 +106,50 @@ def fit_codebook(x, k: int, absmax_format: str = "e4m4", dtype=None) -> np.ndarr
     """2^k float32 entries fitted to x (SPEC section 7): Lloyd-Max on the histogram of x's
     values over their block's largest |value|, ends kept at -1 and +1, deterministic (see
     kbit_fit_codebook_host). x: any shape, fp32/fp16 or bfloat16 (host uint16 bits with
-    dtype='bfloat16'). absmax_format: the format the book is meant for (checked; every
-    format starts from the same absmax rule). Host arrays only for now: a GPU array
-    raises KbitError (copy it to the host first)."""
+    dtype='bfloat16'), on the host or a GPU (kbit_fit_codebook: the same book for the same
+    bytes). absmax_format: the format the book is meant for (checked; every format starts
+    from the same absmax rule). The book comes back as a host array."""
     _check_k(k)
     if not isinstance(absmax_format, str) or absmax_format not in _FORMAT_ID:
         raise KbitError(f"absmax_format must be one of {sorted(_FORMAT_ID)}, "
                         f"got {absmax_format!r}")
     xin = _arrays.float_input(x, dtype)
-    if xin.place.on_device:
-        raise KbitError("fit_codebook runs on the CPU in this version: pass a host copy of "
-                        "the tensor (e.g. x.cpu() or x.get())",
-                        status_code("KBIT_ERROR_NOT_SUPPORTED"))
-    book = np.empty(1 << k, dtype=np.float32)
-    call("kbit_fit_codebook_host", xin.ptr, xin.size, xin.dtype_id, k, book.ctypes.data)
+    place = xin.place
+    if not place.on_device:
+        book = np.empty(1 << k, dtype=np.float32)
+        call("kbit_fit_codebook_host", xin.ptr, xin.size, xin.dtype_id, k, book.ctypes.data)
+        return book
+    with place.active():
+        nbytes = int(function("kbit_fit_codebook_workspace_bytes")())
+        ws = place.empty((nbytes,), "uint8")
+        ws.zero_() if hasattr(ws, "zero_") else ws.fill(0)
+        out = place.empty((1 << k,), "float32")
+        place.call("kbit_fit_codebook", xin.ptr, xin.size, xin.dtype_id, k, place.ptr(out),
+                   place.ptr(ws), nbytes)
+        book = np.array(out.cpu() if hasattr(out, "cpu") else out.get(), dtype=np.float32)
+    if not np.all(np.isfinite(book)):  # the kernels' way to say what the host twin raises
+        raise KbitError("cannot fit a codebook: the input has NaN or Inf, or is all zeros",
+                        status_code("KBIT_ERROR_INVALID_ARGUMENT"))
     return book
 
 
+def _host_f64(a, dtype=None) -> np.ndarray:
+    """a (host, or a GPU array of torch / CuPy) as float64 on the host; host bfloat16 as
+    uint16 bits with dtype='bfloat16'."""
+    if hasattr(a, "cpu"):  # torch
+        a = a.detach().cpu().float().numpy()
+    elif hasattr(a, "get"):  # CuPy
+        a = a.get()
+    a = np.asarray(a)
+    if dtype == "bfloat16":
+        return (a.astype(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
 def _error_of(x, q: QuantizedTensor, dtype) -> float:
-    """Squared error of q against host x (float64 sums)."""
-    ref = np.asarray(x, dtype=np.float64) if dtype != "bfloat16" else \
-        (np.asarray(x, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    got = np.asarray(dequantize(q, dtype="float32"), dtype=np.float64).reshape(ref.shape)
+    """Squared error of q against x (float64 sums on the host)."""
+    ref = _host_f64(x, dtype).reshape(-1)
+    got = _host_f64(dequantize(q, dtype="float32")).reshape(-1)
     return float(((ref - got) ** 2).sum())
 
 
@@ -152,8 +174,7 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
     'fp32'. codebook: 2^k floats, None (or 'normal') for the built-in normal-float
     codebook, a built-in one by name ('nf0', 'uniform': see kbit.codebook), 'fit' (a book
     fitted to x by kbit.fit_codebook) or 'auto' (whichever of 'normal', 'nf0' and 'fit'
-    gives x the least squared error); the book used is the container's codebook. 'fit'
-    and 'auto' take host arrays in this version.
+    gives x the least squared error); the book used is the container's codebook.
     tensor_scale: None picks one so that every block fits the absmax format.
     dtype: only for host bfloat16, passed as uint16 bits with dtype='bfloat16'.
     """
