@@ -69,5 +69,17 @@ inline void lloyd(const uint64_t *hist, int m, double *book) {
     }
 }
 
+// The argument checks of both fits (nothing is written before they pass).
+inline kbit_status check_fit(const void *input, int64_t n, kbit_dtype dtype, int k,
+                             const float *codebook) {
+    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
+    if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
+    if (n <= 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook to %lld elements",
+                    static_cast<long long>(n));
+    KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
+    return check_ptr(codebook, "codebook", 4);
+}
+
 }  // namespace fit
 }  // namespace kbit

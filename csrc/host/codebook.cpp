@@ -15,13 +15,7 @@ namespace {
 
 kbit_status fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype, int k,
                               float *codebook) {
-    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
-    if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
-    if (n <= 0)
-        return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook to %lld elements",
-                    static_cast<long long>(n));
-    KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
-    KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    KBIT_TRY(fit::check_fit(input, n, dtype, k, codebook));
     const int64_t blocks = blocks_of(n, kBlock);
     const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(max_threads(), blocks / 256));
     // one histogram a call of the body (parallel_for makes at most threads + 1)

@@ -106,13 +106,7 @@ __global__ void __launch_bounds__(kThreads) lloyd_kernel(FitWorkspace *ws, int k
 
 kbit_status fit_codebook(const void *input, int64_t n, kbit_dtype dtype, int k, float *codebook,
                          void *workspace, size_t workspace_bytes, kbit_stream_t stream) {
-    if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
-    if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
-    if (n <= 0)
-        return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook to %lld elements",
-                    static_cast<long long>(n));
-    KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
-    KBIT_TRY(check_ptr(codebook, "codebook", 4));
+    KBIT_TRY(fit::check_fit(input, n, dtype, k, codebook));
     KBIT_TRY(check_ptr(workspace, "workspace", 8));
     if (workspace_bytes < static_cast<size_t>(fit::kWorkspaceBytes))
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "workspace_bytes is %zu, the fit needs %lld "
