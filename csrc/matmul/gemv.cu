@@ -387,7 +387,8 @@ __host__ __device__ constexpr int staged_smem(int m_rows) {
 // scales and the same chunks of x) into its own ring of shared-memory slots with
 // cp.async, kStages - 1 ahead of the one it computes. kWUnit: 16-byte copies of W (its
 // rows start on 16 bytes) or 4-byte ones.
-template <class T, class Dec, int kWUnit>
+// NT: n8 tiles of x rows a CTA takes (8 NT rows), sharing each chunk's decoded pairs.
+template <class T, class Dec, int kWUnit, int NT>
 __global__ void __launch_bounds__(kThreads)
 gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
                    const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
@@ -406,8 +407,8 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
     const int64_t chunks = k_in / kChunk;
     const int64_t stages = (chunks + kStageChunks - 1) / kStageChunks;
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
-    const int m_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kMaxM * NT);
+    const int m_rows = static_cast<int>(m - m0 < kMaxM * NT ? m - m0 : kMaxM * NT);
     const int slot = slot_bytes<Dec>(m_rows);
     uint8_t *ring = reinterpret_cast<uint8_t *>(smem) + table_bytes<Dec>() +
                     warp * kStages * slot;
@@ -419,7 +420,7 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
     constexpr int w_units = kRowBytes / kWUnit;
     constexpr int w_per_lane = (kTileRows * w_units + 31) / 32;
     constexpr int x_units = kStageChunks * kChunk * 2 / 16;
-    constexpr int x_per_lane = kMaxM * x_units / 32;
+    constexpr int x_per_lane = kMaxM * NT * x_units / 32;
     int64_t w_src[w_per_lane], s_chunk[2], x_src[x_per_lane];
 #pragma unroll
     for (int i = 0; i < w_per_lane; ++i) {
@@ -485,7 +486,7 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
     const int64_t mine = warp < stages ? (stages - warp + kWarps - 1) / kWarps : 0;
     const int64_t row_a = min(r0 + g, n_out - 1), row_b = min(r0 + g + 8, n_out - 1);
     const auto my_table = lane_table<copies>(table);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4] = {};
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
     for (int64_t i = 0; i < mine; ++i) {
@@ -510,14 +511,22 @@ gemv_staged_kernel(Dec dec, const float *__restrict__ codebook, int k,
             dec.pairs(wb + u * Dec::kChunkBytes, t, my_table, pb);
             const float fa = dec.scale(sa + dec.scale_delta(ca, u));
             const float fb = dec.scale(sb + dec.scale_delta(cb, u));
-            const uint4 xv = g < m_rows ? *reinterpret_cast<const uint4 *>(xs + u * 64)
-                                        : make_uint4(0, 0, 0, 0);
-            chunk_mma<T>(pa, pb, xv, fa, fb, acc);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 xv = g + 8 * nt < m_rows
+                                     ? *reinterpret_cast<const uint4 *>(xs + 8 * nt * kXRow + u * 64)
+                                     : make_uint4(0, 0, 0, 0);
+                chunk_mma<T>(pa, pb, xv, fa, fb, acc[nt]);
+            }
         }
         __syncwarp();
     }
     cp_async_wait<0>();
-    store_tile<T>(acc, r0, m0, m, n_out, bias, y);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if (nt > 0) __syncthreads();  // store_tile's shared partials are reused
+        store_tile<T>(acc[nt], r0, m0 + 8 * nt, m, n_out, bias, y);
+    }
 }
 
 // Direct: each lane's decoder loads its own elements (GGUF blocks, whose chunks are not
@@ -764,19 +773,33 @@ dim3 tile_grid(int64_t m, int64_t n_out) {
                 static_cast<unsigned>(blocks_of(m, kMaxM)));
 }
 
+template <class T, class Dec, int kWUnit, int NT>
+cudaError_t launch_staged_nt(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                             int64_t k_in, int64_t n_out, const void *bias, void *y,
+                             cudaStream_t stream) {
+    using S = typename T::storage;
+    const int smem = staged_smem<Dec>(static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT));
+    const cudaError_t err = allow_smem<gemv_staged_kernel<T, Dec, kWUnit, NT>>(smem);
+    if (err != cudaSuccess) return err;
+    cudaGetLastError();
+    const dim3 grid(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
+                    static_cast<unsigned>(blocks_of(m, kMaxM * NT)));
+    gemv_staged_kernel<T, Dec, kWUnit, NT><<<grid, kThreads, smem, stream>>>(
+        dec, codebook, k, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
+        static_cast<S *>(y));
+    return launch_error();
+}
+
+// 8 rows of x a pass, or 16 (two n8 tiles on one decode) from m = 9.
 template <class T, class Dec, int kWUnit>
 cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                           int64_t k_in, int64_t n_out, const void *bias, void *y,
                           cudaStream_t stream) {
-    using S = typename T::storage;
-    const int smem = staged_smem<Dec>(static_cast<int>(m < kMaxM ? m : kMaxM));
-    const cudaError_t err = allow_smem<gemv_staged_kernel<T, Dec, kWUnit>>(smem);
-    if (err != cudaSuccess) return err;
-    cudaGetLastError();
-    gemv_staged_kernel<T, Dec, kWUnit><<<tile_grid(m, n_out), kThreads, smem, stream>>>(
-        dec, codebook, k, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
-        static_cast<S *>(y));
-    return launch_error();
+    if (m > kMaxM)
+        return launch_staged_nt<T, Dec, kWUnit, 2>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                                   stream);
+    return launch_staged_nt<T, Dec, kWUnit, 1>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                               stream);
 }
 
 // The staged kernel with the widest W copies the layout allows: 16 bytes when every row
@@ -934,7 +957,7 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             using T = decltype(tag);
             if constexpr (!std::is_same_v<T, F32>) {
                 with_k(k, [&](auto kc) {
-                    if (m >= kGemmMinM) {
+                    if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                         using Dec = KbitAnyScale<T, kc.value>;
                         const int sb = static_cast<int>(absmax_align(fmt));
                         const Dec dec{{reinterpret_cast<const uint8_t *>(packed),
@@ -1092,7 +1115,7 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             if constexpr (!std::is_same_v<T, F32>) {
                 const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
-                err = m >= kGemmMinM
+                err = m > 2 * kMaxM
                           ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
                                                    workspace, workspace_bytes, stream)
                           : launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
