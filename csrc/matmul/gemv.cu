@@ -1,5 +1,6 @@
 // Fused dequantize + matmul on the GPU (SPEC section 6): y = x · Wᵀ (+ bias) with W read
-// as stored, for m = 1..8 rows of x (from kGemmMinM = 9 rows: the GEMM of gemm.cuh).
+// as stored, for up to 8 rows of x a pass, or 16 (two n8 tiles on one decode) for kbit and
+// NF4 / FP4 at m = 9..16; larger m (GGUF: from kGemmMinM = 9) go to the GEMM of gemm.cuh.
 //
 // Tensor-core paths (fp16 / bf16 x). A CTA of 8 warps owns 16 rows of W and up to 8 rows
 // of x; its warps split k_in in chunks of 32 elements (one kbit block; NF4/FP4 scales
