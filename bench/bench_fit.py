@@ -46,7 +46,8 @@ def main(argv=None):
     fp16 = 1  # KBIT_DTYPE_FP16
 
     def do_fit():
-        assert fit(x.data_ptr(), n, fp16, args.k, book.data_ptr(), ws.data_ptr(), nbytes, stream) == 0
+        assert fit(x.data_ptr(), None, n, fp16, args.k, book.data_ptr(), ws.data_ptr(), nbytes,
+                   stream) == 0
 
     host_book = kbit.fit_codebook(x, args.k)
     copy = torch.empty_like(x)

@@ -217,25 +217,28 @@ typedef enum kbit_codebook_kind {
 KBIT_API kbit_status kbit_codebook_host(int kind, int k, float *codebook);
 
 /*! Fits a codebook of 2^k float32 entries (k = 2..5) to the n values at `input` (host
- *  memory, dtype fp32/fp16/bf16) and writes it to `codebook` (host memory). The values
+ *  memory, dtype fp32/fp16/bf16) and writes it to `codebook` (host memory). importance:
+ *  NULL, or n float32 weights >= 0 (e.g. mean squared activations of each weight's input
+ *  channel) that weight each value's squared error; they count in units of 1/4096 of the
+ *  largest. The values
  *  are taken in blocks of 32 over their block's largest |value| (the absmax rule) and
  *  the book is fitted by Lloyd-Max on an integer histogram of 4096 bins: ends fixed at
  *  -1 and +1, inner entries moved to their cells' centroids, starting from the default
  *  book; deterministic (the same bytes give the same book on any number of threads).
  *  @return KBIT_SUCCESS; KBIT_ERROR_INVALID_ARGUMENT for bad k / dtype, n <= 0, NaN or Inf
  *  in the input, or an all-zero input; a pointer error. Nothing is written on failure. */
-KBIT_API kbit_status kbit_fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype,
-                                            int k, float *codebook);
+KBIT_API kbit_status kbit_fit_codebook_host(const void *input, const float *importance,
+                                            int64_t n, kbit_dtype dtype, int k, float *codebook);
 
 /*! kbit_fit_codebook_host on the GPU: input and codebook in device memory, asynchronous on
  *  `stream`, the same book for the same bytes. workspace: kbit_fit_codebook_workspace_bytes()
  *  bytes of device memory, zeroed once after allocation and left zeroed by every call
  *  (calls that may run at the same time need separate workspaces). An input with NaN or
- *  Inf, or with no nonzero value, cannot be reported before the kernels run: the book is
- *  then written as NaN. @return a status as kbit_fit_codebook_host, checked before any
+ *  Inf, with no nonzero value, or with a weight that is negative, not finite or all zero
+ *  cannot be reported before the kernels run: the book is then written as NaN. @return a status as kbit_fit_codebook_host, checked before any
  *  launch, or KBIT_ERROR_INVALID_ARGUMENT for a short workspace. */
-KBIT_API kbit_status kbit_fit_codebook(const void *input, int64_t n, kbit_dtype dtype, int k,
-                                       float *codebook, void *workspace,
+KBIT_API kbit_status kbit_fit_codebook(const void *input, const float *importance, int64_t n,
+                                       kbit_dtype dtype, int k, float *codebook, void *workspace,
                                        size_t workspace_bytes, kbit_stream_t stream);
 
 /*! @return the bytes of device workspace kbit_fit_codebook takes. */

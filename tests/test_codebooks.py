@@ -204,7 +204,9 @@ def test_fit_bad_input():
         kbit.fit_codebook(np.ones(64, np.float32), 4, absmax_format="fp8")
     out = np.full(16, 7.0, np.float32)
     fn = function("kbit_fit_codebook_host")
-    assert fn(None, 64, 0, 4, out.ctypes.data) == 2  # NULL input
+    assert fn(None, None, 64, 0, 4, out.ctypes.data) == 2  # NULL input
+    x = np.ones(64, np.float32)
+    assert fn(x.ctypes.data, ctypes.c_void_p(x.ctypes.data + 2), 64, 0, 4, out.ctypes.data) == 3
     assert np.all(out == 7.0)
 
 
@@ -251,8 +253,63 @@ def test_gpu_fit_auto_and_bad_input(rng):
     out = torch.empty(16, device="cuda")
     fn, stream = function("kbit_fit_codebook"), torch.cuda.current_stream().cuda_stream
     for _ in range(2):
-        assert fn(xd.data_ptr(), x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes, stream) == 0
+        assert fn(xd.data_ptr(), None, x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes,
+                  stream) == 0
         torch.cuda.synchronize()
         assert int(torch.count_nonzero(ws)) == 0
         assert np.array_equal(out.cpu().numpy(), kbit.fit_codebook(x, 4))
-    assert fn(xd.data_ptr(), x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes - 8, stream) == 1
+    assert fn(xd.data_ptr(), None, x.size, 0, 4, out.data_ptr(), ws.data_ptr(), nbytes - 8,
+              stream) == 1
+
+
+# ---- importance weights ---------------------------------------------------------------------
+
+def test_unit_weights_give_the_unweighted_book(rng):
+    x = rng.standard_t(3, 1 << 14).astype(np.float32)
+    for k in KS:
+        assert np.array_equal(kbit.fit_codebook(x, k, importance=np.full(x.size, 3.5, np.float32)),
+                              kbit.fit_codebook(x, k))
+
+
+def test_weights_favour_the_weighted_values(rng):
+    """Half the tensor Gaussian, half outlier blocks: weighting one half fits the book to it,
+    so that half's error is lower than with the unweighted book."""
+    n = 1 << 14
+    x = np.concatenate([synthetic(rng, "normal", n), synthetic(rng, "outliers", n)])
+    for k in (2, 3):
+        plain = kbit.fit_codebook(x, k)
+        for half in (0, 1):
+            w = np.full(x.size, 1e-3, np.float32)
+            w[half * n:(half + 1) * n] = 1.0
+            weighted = kbit.fit_codebook(x, k, importance=w)
+            part = slice(half * n, (half + 1) * n)
+
+            def err(book):
+                q = kbit.quantize(x, k=k, codebook=book, absmax="fp32")
+                return float(((x[part] - kbit.dequantize(q)[part]).astype(np.float64) ** 2).sum())
+            assert err(weighted) < err(plain), f"k={k} half={half}"
+
+
+def test_bad_importance():
+    x = np.ones(64, np.float32)
+    for w, match in ((np.full(64, -1.0, np.float32), "finite and >= 0"),
+                     (np.full(64, np.nan, np.float32), "finite and >= 0"),
+                     (np.zeros(64, np.float32), "every importance is 0"),
+                     (np.ones(63, np.float32), "64 float32 values")):
+        with pytest.raises(KbitError, match=match):
+            kbit.fit_codebook(x, 4, importance=w)
+
+
+@requires_gpu
+def test_gpu_weighted_fit_equals_host(rng):
+    import torch
+    x = np.concatenate([synthetic(rng, "normal", 1 << 15), synthetic(rng, "laplace", 1 << 15)])
+    w = rng.exponential(size=x.size).astype(np.float32)
+    xd, wd = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+    for k in KS:
+        assert np.array_equal(kbit.fit_codebook(xd, k, importance=wd),
+                              kbit.fit_codebook(x, k, importance=w)), f"k={k}"
+    with pytest.raises(KbitError, match="importance weight"):
+        kbit.fit_codebook(xd, 4, importance=-wd)
+    with pytest.raises(KbitError, match="on the device but importance is not"):
+        kbit.fit_codebook(xd, 4, importance=w)

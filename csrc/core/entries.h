@@ -208,8 +208,9 @@
          (kbit::matmul::kbit_tiled_host))
 
 // Codebooks fitted to a tensor (issue 13; formats/codebook_fit.h).
-#define KBIT_PARAMS_FIT_CODEBOOK(P0, P) \
-    P0(const void *, input) P(int64_t, n) P(kbit_dtype, dtype) P(int, k) P(float *, codebook)
+#define KBIT_PARAMS_FIT_CODEBOOK(P0, P)                                                     \
+    P0(const void *, input) P(const float *, importance) P(int64_t, n) P(kbit_dtype, dtype) \
+    P(int, k) P(float *, codebook)
 // The GPU form takes a workspace as matmul does (kbit_fit_codebook_workspace_bytes, zeroed
 // once, left zeroed).
 #define KBIT_CODEBOOK_ENTRIES(GPU, HOST)                                                          \

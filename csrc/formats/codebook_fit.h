@@ -2,6 +2,9 @@
 // and the GPU (csrc/quant/codebook.cu): the same integer histogram and the same Lloyd-Max
 // steps give the same book on both.
 //
+// With importance weights (e.g. mean squared activations) the histogram counts each value
+// by its weight, so the error minimised is weighted.
+//
 // The scale rule fitted to: each 32-element block over its largest |value| (the absmax
 // rule every absmax format starts from), so every value lies in [-1, 1] and each nonzero
 // block has one value at exactly +-1. The book keeps -1 and +1 as its ends and moves its
@@ -22,6 +25,14 @@ namespace fit {
 constexpr int kBins = 4096;
 constexpr int kIterations = 40;
 constexpr int64_t kWorkspaceBytes = kBins * 8 + 16;  // the GPU fit's: 64-bit bins, a flag
+
+// Importance weights (optional, one float >= 0 an element) count as integers: w over the
+// largest weight in units of 1/kWeightOne, rounded (the same integers on host and GPU:
+// an IEEE division, then exact steps). Without weights every element counts kWeightOne.
+constexpr uint32_t kWeightOne = 4096;
+KBIT_HD uint32_t weight_units(float w, float w_max) {
+    return static_cast<uint32_t>(floorf(w / w_max * static_cast<float>(kWeightOne) + 0.5f));
+}
 
 // The bin of a normalised value v in [-1, 1].
 KBIT_HD int bin_of(float v) {
@@ -70,14 +81,15 @@ inline void lloyd(const uint64_t *hist, int m, double *book) {
 }
 
 // The argument checks of both fits (nothing is written before they pass).
-inline kbit_status check_fit(const void *input, int64_t n, kbit_dtype dtype, int k,
-                             const float *codebook) {
+inline kbit_status check_fit(const void *input, const float *importance, int64_t n,
+                             kbit_dtype dtype, int k, const float *codebook) {
     if (k < 2 || k > 5) return fail(KBIT_ERROR_INVALID_ARGUMENT, "k must be 2..5, got %d", k);
     if (!valid_dtype(dtype)) return fail(KBIT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", dtype);
     if (n <= 0)
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook to %lld elements",
                     static_cast<long long>(n));
     KBIT_TRY(check_ptr(input, "input", dtype_size(dtype)));
+    if (importance) KBIT_TRY(check_ptr(importance, "importance", 4));
     return check_ptr(codebook, "codebook", 4);
 }
 

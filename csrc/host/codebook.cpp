@@ -13,9 +13,21 @@
 namespace kbit {
 namespace {
 
-kbit_status fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype, int k,
-                              float *codebook) {
-    KBIT_TRY(fit::check_fit(input, n, dtype, k, codebook));
+kbit_status fit_codebook_host(const void *input, const float *importance, int64_t n,
+                              kbit_dtype dtype, int k, float *codebook) {
+    KBIT_TRY(fit::check_fit(input, importance, n, dtype, k, codebook));
+    float w_max = 0.0f;
+    if (importance) {
+        for (int64_t i = 0; i < n; ++i) {
+            if (!(importance[i] >= 0.0f) || !std::isfinite(importance[i]))
+                return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                            "importance[%lld] = %g: weights must be finite and >= 0",
+                            static_cast<long long>(i), static_cast<double>(importance[i]));
+            w_max = std::max(w_max, importance[i]);
+        }
+        if (w_max == 0.0f)
+            return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook: every importance is 0");
+    }
     const int64_t blocks = blocks_of(n, kBlock);
     const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(max_threads(), blocks / 256));
     // one histogram a call of the body (parallel_for makes at most threads + 1)
@@ -40,7 +52,10 @@ kbit_status fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype, in
                     amax = std::max(amax, std::fabs(v[i]));
                 }
                 if (amax == 0.0f) continue;  // an all-zero block says nothing about the book
-                for (int i = 0; i < valid; ++i) ++h[static_cast<size_t>(fit::bin_of(v[i] / amax))];
+                for (int i = 0; i < valid; ++i)
+                    h[static_cast<size_t>(fit::bin_of(v[i] / amax))] +=
+                        importance ? fit::weight_units(importance[b * kBlock + i], w_max)
+                                   : fit::kWeightOne;
             }
         });
         return KBIT_SUCCESS;
@@ -52,7 +67,9 @@ kbit_status fit_codebook_host(const void *input, int64_t n, kbit_dtype dtype, in
     for (const auto &h : hists)
         for (int b = 0; b < fit::kBins; ++b) hist[static_cast<size_t>(b)] += h[static_cast<size_t>(b)];
     for (uint64_t c : hist) total += c;
-    if (total == 0) return fail(KBIT_ERROR_INVALID_ARGUMENT, "cannot fit a codebook: the input is all zeros");
+    if (total == 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "cannot fit a codebook: the input is all zeros (or weighs nothing)");
     const int m = 1 << k;
     double book[32];
     for (int j = 0; j < m; ++j) book[j] = kNormalFloat[k][j];

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "../core/cuda.cuh"
 #include "../core/dispatch.h"
 #include "../core/entries.h"
@@ -18,17 +20,40 @@ constexpr int kThreads = 256;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 static_assert(fit::kBins % kThreads == 0, "the Lloyd kernel gives each thread whole runs");
 
-// The workspace: kBins 64-bit bins, then one word set when a block holds NaN or Inf.
+// The workspace: kBins 64-bit bins, a word set when a block holds NaN or Inf (or a weight
+// is negative or not finite), and the largest weight's bits.
 struct FitWorkspace {
     unsigned long long hist[fit::kBins];
     unsigned bad;
+    unsigned w_max;
 };
+
+// The largest importance weight (the bits of non-negative floats order as the floats).
+__global__ void __launch_bounds__(kThreads)
+weight_max_kernel(const float *__restrict__ w, int64_t n, FitWorkspace *ws) {
+    unsigned mine = 0;
+    bool bad = false;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * kThreads) {
+        const float v = w[i];
+        bad |= !(v >= 0.0f) || !isfinite(v);
+        mine = max(mine, __float_as_uint(v));
+    }
+    mine = __reduce_max_sync(kFull, bad ? 0u : mine);
+    if (__any_sync(kFull, bad) && (threadIdx.x & 31) == 0) atomicOr(&ws->bad, 1u);
+    if ((threadIdx.x & 31) == 0 && mine) atomicMax(&ws->w_max, mine);
+}
 static_assert(sizeof(FitWorkspace) <= fit::kWorkspaceBytes, "fit workspace size");
 
-template <class T>
+// kWeighted: 64-bit shared bins of weight units; else 32-bit counts (faster atomics),
+// scaled to units when added to the workspace.
+template <class T, bool kWeighted>
 __global__ void __launch_bounds__(kThreads)
-histogram_kernel(const typename T::storage *__restrict__ x, int64_t n, FitWorkspace *ws) {
-    __shared__ unsigned bins[fit::kBins];
+histogram_kernel(const typename T::storage *__restrict__ x, const float *__restrict__ importance,
+                 int64_t n, FitWorkspace *ws) {
+    using Bin = std::conditional_t<kWeighted, unsigned long long, unsigned>;
+    __shared__ Bin bins[fit::kBins];
+    const float w_max = kWeighted ? __uint_as_float(ws->w_max) : 0.0f;
     for (int b = threadIdx.x; b < fit::kBins; b += kThreads) bins[b] = 0;
     __syncthreads();
     const int lane = threadIdx.x & 31;
@@ -44,11 +69,15 @@ histogram_kernel(const typename T::storage *__restrict__ x, int64_t n, FitWorksp
         }
         const unsigned amax = __reduce_max_sync(kFull, __float_as_uint(fabsf(v)));
         if (amax == 0 || i >= n) continue;
-        atomicAdd(&bins[fit::bin_of(v / __uint_as_float(amax))], 1u);
+        Bin units = 1;
+        if constexpr (kWeighted) units = w_max > 0.0f ? fit::weight_units(importance[i], w_max) : 0u;
+        if (units) atomicAdd(&bins[fit::bin_of(v / __uint_as_float(amax))], units);
     }
     __syncthreads();
     for (int b = threadIdx.x; b < fit::kBins; b += kThreads)
-        if (bins[b]) atomicAdd(&ws->hist[b], static_cast<unsigned long long>(bins[b]));
+        if (bins[b])
+            atomicAdd(&ws->hist[b], static_cast<unsigned long long>(bins[b]) *
+                                        (kWeighted ? 1u : fit::kWeightOne));
 }
 
 // One CTA: Lloyd-Max from the default book; NaN entries for an input with NaN/Inf or no
@@ -101,12 +130,13 @@ __global__ void __launch_bounds__(kThreads) lloyd_kernel(FitWorkspace *ws, int k
     if (threadIdx.x < m) codebook[threadIdx.x] = failed ? __int_as_float(0x7fc00000) : static_cast<float>(book[threadIdx.x]);
     __syncthreads();
     for (int b = threadIdx.x; b < fit::kBins; b += kThreads) ws->hist[b] = 0;
-    if (threadIdx.x == 0) ws->bad = 0;
+    if (threadIdx.x == 0) ws->bad = ws->w_max = 0;
 }
 
-kbit_status fit_codebook(const void *input, int64_t n, kbit_dtype dtype, int k, float *codebook,
-                         void *workspace, size_t workspace_bytes, kbit_stream_t stream) {
-    KBIT_TRY(fit::check_fit(input, n, dtype, k, codebook));
+kbit_status fit_codebook(const void *input, const float *importance, int64_t n, kbit_dtype dtype,
+                         int k, float *codebook, void *workspace, size_t workspace_bytes,
+                         kbit_stream_t stream) {
+    KBIT_TRY(fit::check_fit(input, importance, n, dtype, k, codebook));
     KBIT_TRY(check_ptr(workspace, "workspace", 8));
     if (workspace_bytes < static_cast<size_t>(fit::kWorkspaceBytes))
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "workspace_bytes is %zu, the fit needs %lld "
@@ -118,9 +148,12 @@ kbit_status fit_codebook(const void *input, int64_t n, kbit_dtype dtype, int k, 
     int grid = 0;  // a warp a block: enough CTAs for 8 resident an SM, never more than needed
     cudaError_t err = grid_for(blocks_of(blocks_of(n, kBlock), kThreads / 32), 8, &grid);
     if (err == cudaSuccess) {
+        if (importance) weight_max_kernel<<<grid, kThreads, 0, s>>>(importance, n, ws);
         with_dtype(dtype, [&](auto tag) {
-            histogram_kernel<decltype(tag)><<<grid, kThreads, 0, s>>>(
-                static_cast<const typename decltype(tag)::storage *>(input), n, ws);
+            using T = decltype(tag);
+            const auto *in = static_cast<const typename T::storage *>(input);
+            if (importance) histogram_kernel<T, true><<<grid, kThreads, 0, s>>>(in, importance, n, ws);
+            else histogram_kernel<T, false><<<grid, kThreads, 0, s>>>(in, nullptr, n, ws);
             return KBIT_SUCCESS;
         });
         lloyd_kernel<<<1, kThreads, 0, s>>>(ws, k, codebook);

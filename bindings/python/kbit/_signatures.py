@@ -50,7 +50,7 @@ _launch("kbit_compute_tensor_scale", (_P, _I64, _INT, _INT, _P))
 _add("kbit_get_range_flag", (ctypes.POINTER(ctypes.c_int), _INT))
 _add("kbit_default_codebook_host", (_INT, _P))
 _add("kbit_codebook_host", (_INT, _INT, _P))
-_launch("kbit_fit_codebook", (_P, _I64, _INT, _INT, _P), tail=_WORKSPACE)
+_launch("kbit_fit_codebook", (_P, _P, _I64, _INT, _INT, _P), tail=_WORKSPACE)
 _add("kbit_fit_codebook_workspace_bytes", (), _I64)
 
 # kbit quantize / dequantize: per (type, K) and generic

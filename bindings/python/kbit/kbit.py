@@ -102,33 +102,46 @@ def _check_args(k: int, absmax: str, codebook):
     return cb
 
 
-def fit_codebook(x, k: int, absmax_format: str = "e4m4", dtype=None) -> np.ndarray:
+def fit_codebook(x, k: int, absmax_format: str = "e4m4", dtype=None,
+                 importance=None) -> np.ndarray:
     """2^k float32 entries fitted to x (SPEC section 7): Lloyd-Max on the histogram of x's
     values over their block's largest |value|, ends kept at -1 and +1, deterministic (see
     kbit_fit_codebook_host). x: any shape, fp32/fp16 or bfloat16 (host uint16 bits with
     dtype='bfloat16'), on the host or a GPU (kbit_fit_codebook: the same book for the same
     bytes). absmax_format: the format the book is meant for (checked; every format starts
-    from the same absmax rule). The book comes back as a host array."""
+    from the same absmax rule). importance: None, or one float32 weight >= 0 an element of
+    x, where x lives (e.g. mean squared activations), weighting each value's squared
+    error. The book comes back as a host array."""
     _check_k(k)
     if not isinstance(absmax_format, str) or absmax_format not in _FORMAT_ID:
         raise KbitError(f"absmax_format must be one of {sorted(_FORMAT_ID)}, "
                         f"got {absmax_format!r}")
     xin = _arrays.float_input(x, dtype)
     place = xin.place
+    w = None
+    if importance is not None:
+        w = place.view(importance, "importance",
+                       lambda a: _arrays.host_array(np.asarray(a, dtype=np.float32).reshape(-1)))
+        if w.dtype != "float32" or w.size != xin.size:
+            raise KbitError(f"importance must be {xin.size} float32 values (one an element of "
+                            f"x), got {w.size} of {w.dtype}")
+    w_ptr = w.ptr if w is not None else None
     if not place.on_device:
         book = np.empty(1 << k, dtype=np.float32)
-        call("kbit_fit_codebook_host", xin.ptr, xin.size, xin.dtype_id, k, book.ctypes.data)
+        call("kbit_fit_codebook_host", xin.ptr, w_ptr, xin.size, xin.dtype_id, k,
+             book.ctypes.data)
         return book
     with place.active():
         nbytes = int(function("kbit_fit_codebook_workspace_bytes")())
         ws = place.empty((nbytes,), "uint8")
         ws.zero_() if hasattr(ws, "zero_") else ws.fill(0)
         out = place.empty((1 << k,), "float32")
-        place.call("kbit_fit_codebook", xin.ptr, xin.size, xin.dtype_id, k, place.ptr(out),
-                   place.ptr(ws), nbytes)
+        place.call("kbit_fit_codebook", xin.ptr, w_ptr, xin.size, xin.dtype_id, k,
+                   place.ptr(out), place.ptr(ws), nbytes)
         book = np.array(out.cpu() if hasattr(out, "cpu") else out.get(), dtype=np.float32)
     if not np.all(np.isfinite(book)):  # the kernels' way to say what the host twin raises
-        raise KbitError("cannot fit a codebook: the input has NaN or Inf, or is all zeros",
+        raise KbitError("cannot fit a codebook: the input has NaN or Inf, or is all zeros, "
+                        "or an importance weight is negative or not finite (or all are 0)",
                         status_code("KBIT_ERROR_INVALID_ARGUMENT"))
     return book
 
