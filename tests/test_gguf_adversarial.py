@@ -277,9 +277,34 @@ def _write(path, rng, tensors, alignment=None, extra=(), note="xxx"):
     w.close()
 
 
+def _check_header_against_reader(path):
+    """kbit's own header reader against GGUFReader: every metadata key and value, the
+    alignment, and each tensor's name, type, shape, offset and bytes."""
+    reader = gguf.GGUFReader(str(path))
+    head = kg.read_header(path)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert list(head.metadata) == list(fields)
+    for key, field in fields.items():
+        want, got = field.contents(), head.metadata[key]
+        if isinstance(got, np.ndarray):
+            assert got.dtype == np.asarray(field.parts[field.data[0]]).dtype, key
+            got = got.tolist()
+        elif isinstance(got, list) and got and isinstance(got[0], np.ndarray):
+            got = [v for a in got for v in a.tolist()]  # gguf flattens nested arrays
+        assert got == want or (got != got and want != want), key
+    assert head.alignment == reader.alignment
+    assert [t.name for t in head.tensors] == [t.name for t in reader.tensors]
+    for mine, theirs in zip(head.tensors, reader.tensors):
+        assert mine.type_id == int(theirs.tensor_type), mine.name
+        assert mine.shape == tuple(int(d) for d in reversed(theirs.shape.tolist()))
+        assert mine.offset == theirs.data_offset and mine.nbytes == theirs.n_bytes
+        assert head.tensor_bytes(mine).tobytes() == np.asarray(theirs.data).tobytes()
+
+
 def _check_against_reader(path, got, dtype):
     """load()'s result against GGUFReader: names in file order, numpy-order shapes,
     pass-through bytes unchanged, quantized values as gguf dequantizes them."""
+    _check_header_against_reader(path)
     reader = gguf.GGUFReader(str(path))
     assert list(got) == [t.name for t in reader.tensors]
     for t in reader.tensors:
@@ -309,6 +334,68 @@ def test_load_alignments(rng, tmp_path, alignment, dtype):
     else:
         assert alignment != 1
     _check_against_reader(path, kg.load(path, device="cpu", dtype=dtype), dtype)
+
+
+def test_header_every_value_type(rng, tmp_path):
+    """Metadata of every GGUF value type (scalars, strings, arrays of numbers, of strings
+    and nested arrays) and tensors of types kbit does not dequantize: read_header equals
+    GGUFReader on all of it."""
+    path = tmp_path / "h.gguf"
+    w = gguf.GGUFWriter(str(path), "kbit-header")
+    w.add_uint8("v.u8", 200)
+    w.add_int8("v.i8", -100)
+    w.add_uint16("v.u16", 60000)
+    w.add_int16("v.i16", -30000)
+    w.add_uint32("v.u32", 4_000_000_000)
+    w.add_int32("v.i32", -2_000_000_000)
+    w.add_float32("v.f32", 1.5)
+    w.add_bool("v.bool", True)
+    w.add_uint64("v.u64", 2 ** 63 + 5)
+    w.add_int64("v.i64", -2 ** 62)
+    w.add_float64("v.f64", float("nan"))
+    w.add_string("v.str", "\u00e9t\u00e9 \U0001f600")
+    w.add_string("v.empty", "")
+    w.add_array("v.ints", list(range(1000)))
+    w.add_array("v.floats", [0.5, -2.0])
+    w.add_array("v.strs", ["a", "", "bcd" * 50])
+    w.add_array("v.nested", [[1, 2], [3]])
+    w.add_array("v.none", [])
+    for qt in (GT.Q2_K, GT.IQ4_NL, GT.Q4_0):
+        elems, nbytes = gguf.GGML_QUANT_SIZES[qt]
+        raw = rng.integers(0, 256, (3, 2 * nbytes), dtype=np.uint8)
+        w.add_tensor(f"t.{qt.name}", raw, raw_dtype=qt)
+    w.add_tensor("t.i32", np.arange(6, dtype=np.int32).reshape(2, 3))
+    w.add_tensor("t.empty", np.zeros((0, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _check_header_against_reader(path)
+    head = kg.read_header(path)
+    assert head.metadata["v.strs"] == ["a", "", "bcd" * 50]
+    assert head.tensors[0].type_name == "Q2_K"
+
+
+def test_header_reads_vocab_file_quickly(tmp_path):
+    """A vocab-only file (128k tokens, scores and types, ~3 MB) is read in well under a
+    second: the tokens are the one per-element walk (strings have their own lengths)."""
+    import time
+    path = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"tok{i}" for i in range(128_000)])
+    w.add_token_scores([float(-i) for i in range(128_000)])
+    w.add_token_types([1] * 128_000)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t0 = time.perf_counter()
+    head = kg.read_header(path)
+    took = time.perf_counter() - t0
+    assert len(head.metadata["tokenizer.ggml.tokens"]) == 128_000
+    assert head.metadata["tokenizer.ggml.scores"][5] == -5.0
+    assert kg.load(path, device="cpu") == {}
+    assert took < 5, f"read_header took {took:.2f} s"  # generous: loaded CI machines
 
 
 UNSUPPORTED = [GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_1, GT.Q2_K, GT.Q3_K, GT.Q8_K, GT.IQ2_XXS,

@@ -1,5 +1,6 @@
-"""The GGUF file reader behind kbit.gguf.load: a bounds-checked header walk, then
-gguf's GGUFReader over a copy-on-write memory map; each tensor's bytes go as stored to
+"""The GGUF file reader behind kbit.gguf.load and kbit.gguf.read_header: a
+bounds-checked walk of the header over a copy-on-write memory map (numpy views, no
+per-element work on tensors or numeric arrays); each tensor's bytes go as stored to
 where they are wanted (numpy, or the GPU through PyTorch or CuPy) and are dequantized
 there by the block API (kbit.gguf) or handed back as GGUFTensor."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ import math
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,7 @@ from . import _arrays
 from ._lib import KbitError, status_code
 from .gguf import GGML_TYPES, GGUFTensor, dequantize as _dequantize, ggml_name
 
-__all__ = ["load"]
+__all__ = ["Header", "TensorInfo", "load", "read_header"]
 
 # Plain float types that pass through: ggml type id -> stored dtype.
 _PASSTHROUGH = {0: "float32", 1: "float16", 30: "bfloat16"}
@@ -25,140 +27,213 @@ _PASSTHROUGH = {0: "float32", 1: "float16", 30: "bfloat16"}
 _PROGRESS_MIN_BYTES = 256 << 20
 
 
-def _diagnose(path: str) -> str | None:
-    """Walks a GGUF header with bounds checks (before GGUFReader, which does none) and
-    says what is wrong, naming the tensor where there is one. None when nothing is."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    except (OSError, ValueError) as e:
-        return f"cannot map the file: {e}"
-    pos = 0
-
-    def take(nbytes: int, what: str) -> bytes:
-        nonlocal pos
-        if nbytes < 0 or pos + nbytes > size:
-            raise _Truncated(f"file ends at byte {size} inside {what} (offset {pos})")
-        b = data[pos:pos + nbytes]
-        pos += nbytes
-        return b
-
-    def u32(what):
-        return struct.unpack("<I", take(4, what))[0]
-
-    def u64(what):
-        return struct.unpack("<Q", take(8, what))[0]
-
-    def string(what):
-        return take(u64(what), what).decode("utf-8", errors="replace")
-
-    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-    def skip_value(vtype: int, what: str):
-        if vtype in scalar:
-            take(scalar[vtype], what)
-        elif vtype == 8:
-            take(u64(what), what)
-        elif vtype == 9:
-            itype, count = u32(what), u64(what)
-            if itype in scalar:
-                take(scalar[itype] * count, what)
-            else:
-                for _ in range(count):
-                    skip_value(itype, what)
-        else:
-            raise _Truncated(f"{what} has unknown value type {vtype}")
-
-    try:
-        if take(4, "the magic") != b"GGUF":
-            return "not a GGUF file (bad magic)"
-        version = u32("the version")
-        if int.from_bytes(struct.pack("<I", version), "big") in (2, 3):
-            return "byte-swapped (big-endian) GGUF files are not supported"
-        if version not in (2, 3):
-            return f"unsupported GGUF version {version} (kbit reads versions 2 and 3)"
-        n_tensors, n_kv = u64("the tensor count"), u64("the metadata count")
-        alignment = 32
-        for i in range(n_kv):
-            key = string(f"metadata key #{i}")
-            vtype = u32(f"metadata {key!r}")
-            if key == "general.alignment" and vtype == 4:
-                alignment = u32(f"metadata {key!r}")
-            else:
-                skip_value(vtype, f"metadata {key!r}")
-        infos = []
-        for i in range(n_tensors):
-            name = string(f"tensor info #{i}")
-            n_dims = u32(f"tensor info {name!r}")
-            dims = [u64(f"tensor info {name!r}") for _ in range(n_dims)]
-            infos.append((name, dims, u32(f"tensor info {name!r}"), u64(f"tensor info {name!r}")))
-        start = pos + (-pos) % max(alignment, 1)
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-        names = [name for name, _, _, _ in infos]
-        if "" in names:  # e.g. a tensor count one past the real infos reads padding
-            return f"tensor info #{names.index('')} has an empty name"
-        if len(set(names)) != len(names):
-            return "two tensor infos have the same name"
-        ranges = []
-        for name, dims, tid, offset in infos:
-            try:
-                qt = GGMLQuantizationType(tid)
-            except ValueError:
-                return f"tensor {name!r} has unknown ggml type id {tid}"
-            block, tsize = GGML_QUANT_SIZES[qt]
-            n = math.prod(dims)  # exact: dims from a corrupt file may be huge
-            if dims and dims[0] % block:
-                return (f"tensor {name!r} ({qt.name}) has a row of {dims[0]} elements, not a "
-                        f"multiple of its block size {block}")
-            end = start + offset + n // block * tsize
-            if end > size:
-                return (f"tensor {name!r} needs bytes up to {end} but the file has {size}: "
-                        "the file is truncated")
-            if offset % max(alignment, 1):
-                return (f"tensor {name!r} starts at offset {offset}, not a multiple of the "
-                        f"file's alignment {alignment}")
-            if end > start + offset:
-                ranges.append((start + offset, end, name))
-        ranges.sort()
-        for (_, end, first), (begin, _, second) in zip(ranges, ranges[1:]):
-            if begin < end:  # the format gives every tensor its own bytes
-                return f"tensors {first!r} and {second!r} overlap in the file"
-    except _Truncated as e:
-        return f"corrupt or truncated header: {e}"
-    except RecursionError:
-        return "corrupt header: metadata arrays nested too deeply"
-    return None
+# Metadata value types: id -> (struct code, bytes) for the fixed-size ones.
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4),
+            5: ("<i", 4), 6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8),
+            12: ("<d", 8)}
+_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
+                 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+_MAX_NESTING = 64
 
 
-class _Truncated(Exception):
+@dataclass
+class TensorInfo:
+    """One tensor of a GGUF file: numpy-order shape, ggml type id, where its bytes are."""
+    name: str
+    shape: tuple
+    type_id: int
+    offset: int  # from the start of the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return ggml_name(self.type_id)
+
+
+@dataclass
+class Header:
+    """What read_header found: format version, metadata {key: value} (numeric arrays as
+    numpy arrays viewing the map, string arrays as lists), the data alignment, tensors
+    in file order, and the file's copy-on-write map (numpy views of it are writable
+    without writing to or copying the file)."""
+    version: int
+    metadata: dict
+    alignment: int
+    tensors: list
+    data: Any
+    size: int
+
+    def tensor_bytes(self, t: TensorInfo) -> np.ndarray:
+        return np.frombuffer(self.data, np.uint8, t.nbytes, t.offset)
+
+
+class _Corrupt(Exception):
     pass
 
 
-def _open(path: str):
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer; every failure names what was
+    being read and where."""
+
+    def __init__(self, data, size: int):
+        self.data, self.size, self.pos = data, size, 0
+
+    def take(self, nbytes: int, what: str) -> int:
+        """Advances past nbytes and returns where they start."""
+        if nbytes < 0 or self.pos + nbytes > self.size:
+            raise _Corrupt(f"the file is truncated: it ends at byte {self.size} inside "
+                           f"{what} (offset {self.pos})")
+        at = self.pos
+        self.pos += nbytes
+        return at
+
+    def scalar(self, vtype: int, what: str):
+        code, nbytes = _SCALARS[vtype]
+        return struct.unpack_from(code, self.data, self.take(nbytes, what))[0]
+
+    def u32(self, what: str) -> int:
+        return self.scalar(4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(10, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        at = self.take(n, what)
+        return bytes(self.data[at:at + n]).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str, depth: int = 0):
+        if vtype in _SCALARS:
+            return self.scalar(vtype, what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype != _ARRAY:
+            raise _Corrupt(f"{what} has unknown value type {vtype}")
+        if depth >= _MAX_NESTING:
+            raise _Corrupt(f"{what}: metadata arrays nested too deeply")
+        itype, count = self.u32(what), self.u64(what)
+        if itype in _ARRAY_DTYPES:  # one view of the whole array, no per-element work
+            dt = np.dtype(_ARRAY_DTYPES[itype])
+            at = self.take(count * dt.itemsize, what)
+            return np.frombuffer(self.data, dt, count, at)
+        if itype == _STRING:
+            return self._strings(count, what)
+        if itype not in (_ARRAY,):
+            raise _Corrupt(f"{what} has unknown array element type {itype}")
+        if count > self.size - self.pos:  # each element takes at least one byte
+            self.take(count, what)
+        return [self.value(itype, what, depth + 1) for _ in range(count)]
+
+    def _strings(self, count: int, what: str) -> list:
+        if count * 8 > self.size - self.pos:  # each string takes at least its length
+            self.take(count * 8, what)
+        data, pos, size, out = self.data, self.pos, self.size, []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.take(8, what)
+            n = unpack(data, pos)[0]
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                self.take(n, what)
+            out.append(bytes(data[pos:pos + n]).decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
+
+def _sizes_of(type_id: int, dims: list, name: str) -> int:
+    """Bytes of a tensor of ggml type type_id and GGUF-order dims."""
     try:
-        from gguf import GGUFReader
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
     except ImportError:
         raise KbitError("reading GGUF files needs the 'gguf' package (pip install gguf)") from None
+    except (ValueError, KeyError):
+        raise _Corrupt(f"tensor {name!r} has unknown ggml type id {type_id}") from None
+    if dims and dims[0] % block:
+        raise _Corrupt(f"tensor {name!r} ({ggml_name(type_id)}) has a row of {dims[0]} "
+                       f"elements, not a multiple of its block size {block}")
+    return math.prod(dims) // block * nbytes  # exact: dims of a corrupt file may be huge
+
+
+def _parse(data, size: int) -> Header:
+    cur = _Cursor(data, size)
+    at = cur.take(4, "the magic")
+    if bytes(data[at:at + 4]) != b"GGUF":
+        raise _Corrupt("not a GGUF file (bad magic)")
+    version = cur.u32("the version")
+    if int.from_bytes(struct.pack("<I", version), "big") in (2, 3):
+        raise _Corrupt("byte-swapped (big-endian) GGUF files are not supported")
+    if version not in (2, 3):
+        raise _Corrupt(f"unsupported GGUF version {version} (kbit reads versions 2 and 3)")
+    n_tensors, n_kv = cur.u64("the tensor count"), cur.u64("the metadata count")
+    metadata = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        metadata[key] = cur.value(cur.u32(f"metadata {key!r}"), f"metadata {key!r}")
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0:
+        raise _Corrupt(f"general.alignment must be a positive integer, got {alignment!r}")
+    infos = []
+    if n_tensors * 24 > size:  # each info takes at least 24 bytes
+        cur.take(n_tensors * 24, "the tensor infos")
+    for i in range(n_tensors):
+        name = cur.string(f"tensor info #{i}")
+        what = f"tensor info {name!r}"
+        n_dims = cur.u32(what)
+        dims = [cur.u64(what) for _ in range(min(n_dims, size))]
+        infos.append((name, dims, cur.u32(what), cur.u64(what)))
+    start = cur.pos + (-cur.pos) % alignment
+    names = [info[0] for info in infos]
+    if "" in names:  # e.g. a tensor count one past the real infos reads padding
+        raise _Corrupt(f"tensor info #{names.index('')} has an empty name")
+    if len(set(names)) != len(names):
+        raise _Corrupt("two tensor infos have the same name")
+    tensors = []
+    for name, dims, tid, offset in infos:
+        nbytes = _sizes_of(tid, dims, name)
+        end = start + offset + nbytes
+        if end > size:
+            raise _Corrupt(f"tensor {name!r} needs bytes up to {end} but the file has "
+                           f"{size}: the file is truncated")
+        if offset % alignment:
+            raise _Corrupt(f"tensor {name!r} starts at offset {offset}, not a multiple of "
+                           f"the file's alignment {alignment}")
+        tensors.append(TensorInfo(name, tuple(int(d) for d in reversed(dims)), tid,
+                                  start + offset, nbytes))
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors if t.nbytes)
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:  # the format gives every tensor its own bytes
+            raise _Corrupt(f"tensors {first!r} and {second!r} overlap in the file")
+    return Header(version, metadata, alignment, tensors, data, size)
+
+
+def read_header(path) -> Header:
+    """Reads a GGUF file's header (metadata and tensor infos) from a memory map with a
+    bound check on every read: milliseconds, whatever the file size. Raises
+    FileNotFoundError for a missing file and KbitError (KBIT_ERROR_INVALID_DATA) naming
+    what is wrong, and the tensor where there is one, for a corrupt or truncated one."""
+    path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such GGUF file: {path}")
-    # Walk the header with bounds checks first: GGUFReader reads past the end of a
-    # corrupt file without noticing and can then loop for hours or exhaust memory.
     invalid = status_code("KBIT_ERROR_INVALID_DATA")
-    detail = _diagnose(path)
-    if detail is not None:
-        raise KbitError(f"{path}: cannot read GGUF file: {detail}", invalid)
     try:
-        # Copy-on-write map: writable numpy views (torch accepts them) without ever
-        # writing to or copying the file.
-        reader = GGUFReader(path, "c")
-    except Exception as e:  # any parse failure of untrusted bytes
-        detail = _diagnose(path) or f"{type(e).__name__}: {e}"
-        raise KbitError(f"{path}: cannot read GGUF file: {detail}", invalid) from e
-    if getattr(reader, "byte_order", "I") != "I":
-        raise KbitError(f"{path}: byte-swapped (big-endian) GGUF files are not supported",
-                        invalid)
-    return reader
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+    except (OSError, ValueError) as e:
+        raise KbitError(f"{path}: cannot map the file: {e}", invalid) from e
+    try:
+        return _parse(data, size)
+    except _Corrupt as e:
+        raise KbitError(f"{path}: cannot read GGUF file: {e}", invalid) from None
+    except RecursionError:
+        raise KbitError(f"{path}: cannot read GGUF file: metadata arrays nested too deeply",
+                        invalid) from None
 
 
 def _progress(total: int, enabled, desc: str):
@@ -189,18 +264,15 @@ def load(path, device="cuda", dtype="float16", progress=None,
     """
     path = os.fspath(path)
     name = _arrays.float_dtype(dtype)
-    reader = _open(path)
+    header = read_header(path)
     plan = []
-    for t in reader.tensors:
-        tid = int(t.tensor_type)
-        if tid not in GGML_TYPES.values() and tid not in _PASSTHROUGH:
-            raise KbitError(f"{path}: tensor {t.name!r} has type {ggml_name(tid)} ({tid}), "
+    for t in header.tensors:
+        if t.type_id not in GGML_TYPES.values() and t.type_id not in _PASSTHROUGH:
+            raise KbitError(f"{path}: tensor {t.name!r} has type {t.type_name} ({t.type_id}), "
                             f"which kbit cannot dequantize (supported: "
                             f"{', '.join(GGML_TYPES)}; F32, F16, BF16 pass through)",
                             status_code("KBIT_ERROR_INVALID_ARGUMENT"))
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        raw = np.asarray(t.data).reshape(-1).view(np.uint8)
-        plan.append((t.name, tid, shape, raw))
+        plan.append((t.name, t.type_id, t.shape, header.tensor_bytes(t)))
 
     place = _arrays.named_place(device)
     total = sum(p[3].nbytes for p in plan)

@@ -26,7 +26,7 @@ from . import _arrays
 from ._lib import KbitError, call, status_code
 from ._quantized import QuantizedBase
 
-__all__ = ["GGML_TYPES", "GGUFTensor", "block_info", "dequantize", "load"]
+__all__ = ["GGML_TYPES", "GGUFTensor", "block_info", "dequantize", "load", "read_header"]
 
 # ggml type ids kbit dequantizes.
 GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
@@ -147,4 +147,4 @@ def dequantize(blocks, ggml_type=None, n: int | None = None, dtype="float32", ou
 
 
 # The file reader is its own module; it builds on the block API above.
-from ._gguf_file import load  # noqa: E402
+from ._gguf_file import load, read_header  # noqa: E402
