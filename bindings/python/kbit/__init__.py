@@ -13,9 +13,10 @@ from . import gguf  # kbit.gguf.load, kbit.gguf.dequantize
 from .gguf import GGUFTensor
 from .matmul import matmul
 from .tiled import TiledTensor, tile, untile
+from .checkpoint import load, save
 
 __all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_available",
            "codebook", "default_codebook", "fit_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
-           "dequantize_nf4", "gguf", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
-           "quantize_nf4", "tile", "TiledTensor", "untile", "version"]
+           "dequantize_nf4", "gguf", "load", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
+           "quantize_nf4", "save", "tile", "TiledTensor", "untile", "version"]
 __version__ = "0.1.0"
