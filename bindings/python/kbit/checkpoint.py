@@ -205,16 +205,9 @@ def load(path, device="cpu", progress=None) -> dict[str, Any]:
     numpy; 'cuda' / 'cuda:N': PyTorch, else CuPy), plain tensors as arrays there (host
     bfloat16 as uint16 bits). Raises KbitError for a file that is not safetensors or whose
     kbit records do not match its tensors."""
-    from safetensors import SafetensorError, safe_open
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such file: {path}")
     place = _arrays.named_place(device)
-    try:
-        f = safe_open(path, framework="numpy")
-    except (SafetensorError, OSError, ValueError) as e:
-        raise _invalid(path, f"not a safetensors file: {e}") from e
-    with f:
+    with open_file(path) as f:
         meta = f.metadata() or {}
         records, saved_order = _records(path, meta)
         names = list(f.keys())
@@ -242,6 +235,18 @@ def load(path, device="cpu", progress=None) -> dict[str, Any]:
                 bf16 = f.get_slice(name).get_dtype() == "BF16"
                 result[name] = _place_plain(place, raw, bf16)
     return result
+
+
+def open_file(path):
+    """safetensors' reader of `path` (numpy framework), or FileNotFoundError / a KbitError
+    saying the file is not safetensors."""
+    from safetensors import SafetensorError, safe_open
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        return safe_open(os.fspath(path), framework="numpy")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise _invalid(path, f"not a safetensors file: {e}") from e
 
 
 def _records(path, meta: dict) -> tuple[dict, list | None]:
