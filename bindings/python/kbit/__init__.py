@@ -19,4 +19,10 @@ __all__ = ["GGUFTensor", "KbitError", "Quantized4bit", "QuantizedTensor", "cuda_
            "codebook", "default_codebook", "fit_codebook", "dequantize", "dequantize_4bit", "dequantize_fp4",
            "dequantize_nf4", "gguf", "load", "matmul", "quantize", "quantize_4bit", "quantize_fp4",
            "quantize_nf4", "save", "tile", "TiledTensor", "untile", "version"]
-__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The version is the loaded library's (include/kbit.h is its one source).
+    if name == "__version__":
+        return "%d.%d.%d" % version()
+    raise AttributeError(f"module 'kbit' has no attribute {name!r}")
