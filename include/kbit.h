@@ -2,7 +2,7 @@
  * kbit: k-bit blockwise quantization of LLM weights, on the GPU and the CPU.
  *
  * Plain C ABI (C99 and C++), no CUDA header needed. Formats and symbol names follow
- * SPEC.md; status values are pinned forever and never renumbered.
+ * docs/SPEC.md; status values are pinned forever and never renumbered.
  *
  * Conventions for every function below:
  *  - Pointers are to device memory unless the function name ends in `_host`.

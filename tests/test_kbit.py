@@ -170,7 +170,7 @@ def test_analytic_error_bound(rng, k, fmt):
 
 @pytest.mark.parametrize("k", KS)
 def test_reference_sqnr_matches_quality_table(k):
-    # shared/QUALITY.md: N(0,1), 2^20 values, default codebook.
+    # docs/QUALITY.md: N(0,1), 2^20 values, default codebook.
     x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
     table = {2: (7.42, 7.95), 3: (15.01, 15.51), 4: (21.21, 21.87), 5: (26.33, 27.13)}
     for fmt, want in zip(("fp32", "e4m4"), table[k]):
