@@ -164,3 +164,20 @@ def test_errors():
         ql(torch.randn(2, 31))
     with pytest.raises(KbitError, match="2-D"):
         kt.QuantizedLinear.from_quantized(kbit.quantize(np.zeros(64, np.float32)))
+
+
+def test_core_api_takes_torch_cpu_tensors(rng):
+    """kbit.quantize / matmul (the numpy-facing API) read PyTorch CPU tensors of any float
+    dtype, bfloat16 and requires_grad included (detached, bf16 as its bits); results are
+    numpy there, torch tensors through kbit.torch."""
+    _seed(rng)
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    q = kbit.quantize(x, k=4)
+    assert q.dtype == "bfloat16"
+    bits = x.detach().view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(kbit.dequantize(q), kbit.dequantize(kbit.quantize(bits, k=4,
+                                                                            dtype="bfloat16")))
+    a = torch.randn(3, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = kbit.matmul(a, q)
+    assert y.dtype == np.uint16 and y.shape == (3, 64)
+    assert torch.equal(kt.matmul(a, q).view(torch.int16), torch.from_numpy(y.view(np.int16)))

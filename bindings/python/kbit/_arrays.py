@@ -63,10 +63,23 @@ def is_integer(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def _torch_cpu(x):
+    """A PyTorch CPU tensor as numpy without a copy: detached (kbit computes no
+    gradients), bfloat16 as its uint16 bits. Anything else is returned unchanged."""
+    if type(x).__module__.split(".")[0] != "torch" or not hasattr(x, "detach"):
+        return x
+    x = x.detach()
+    if str(x.dtype) == "torch.bfloat16":
+        import torch
+        return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
+
+
 def host_array(x, dtype=None) -> np.ndarray:
     """x as a numpy array the C code can read: C-contiguous, aligned and in native byte
-    order (a copy only where x is not one already). dtype converts the values."""
-    arr = np.asarray(x, dtype=dtype)
+    order (a copy only where x is not one already). dtype converts the values. PyTorch
+    CPU tensors are read detached, bfloat16 ones as uint16 bits."""
+    arr = np.asarray(_torch_cpu(x), dtype=dtype)
     if not arr.dtype.isnative:  # big-endian data: the same values in native order
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return np.require(arr, requirements=["C", "A"])
@@ -503,6 +516,8 @@ def float_input(x, dtype=None) -> FloatInput:
         return FloatInput(place, dev.ptr, tuple(dev.shape), dev.dtype, dev.size, x)
     arr = host_array(x)
     name = dtype_name(dtype) if dtype is not None else None
+    if name is None and str(getattr(x, "dtype", "")) == "torch.bfloat16":
+        name = "bfloat16"  # a PyTorch CPU bfloat16 tensor, read as its bits
     if name == "bfloat16":
         if arr.dtype != np.uint16:
             raise KbitError("host bfloat16 input is passed as uint16 bits with "
