@@ -189,6 +189,32 @@ KBIT_API kbit_status kbit_quantize_host(const void *input, int64_t n, kbit_dtype
                                         float tensor_scale, void *absmax,
                                         uint32_t *packed);
 
+/*! kbit_quantize with two options, each ignored when NULL:
+ *  - importance: n float32 weights >= 0 (finite), where the input lives. The E4M4 scale
+ *    search then picks, per block, the candidate scale minimising sum_i w_i (x_i - q_i)^2
+ *    instead of the unweighted error (e.g. w = mean squared activations of the input
+ *    channel, as llama.cpp's imatrix). fp16/fp32 scales have no search: it is unused there.
+ *    All-ones weights give exactly kbit_quantize's bytes. The host entry rejects negative
+ *    or non-finite weights (KBIT_ERROR_INVALID_ARGUMENT); the GPU entry does not read
+ *    them for that, and such weights leave the choice of scale unspecified.
+ *  - range_status: one uint32, where the input lives, that the caller zeroed. A block
+ *    that does not fit the format (see kbit_get_range_flag) sets it to non-zero instead
+ *    of raising the device's flag, so a caller checks its own call on its own stream
+ *    with one read after the stream's work. The host entry sets it and also returns
+ *    KBIT_ERROR_RANGE, as kbit_quantize_host does.
+ *  Sizes, alignments and the other arguments are kbit_quantize's. */
+KBIT_API kbit_status kbit_quantize_ex(const void *input, const float *importance, int64_t n,
+                                      kbit_dtype dtype, int k, const float *codebook,
+                                      kbit_absmax_format absmax_format, float tensor_scale,
+                                      void *absmax, uint32_t *packed, uint32_t *range_status,
+                                      kbit_stream_t stream);
+KBIT_API kbit_status kbit_quantize_ex_host(const void *input, const float *importance,
+                                           int64_t n, kbit_dtype dtype, int k,
+                                           const float *codebook,
+                                           kbit_absmax_format absmax_format,
+                                           float tensor_scale, void *absmax, uint32_t *packed,
+                                           uint32_t *range_status);
+
 /*! Generic dequantize: dispatches on dtype (of output) and k to cdequantize_kbit_*. */
 KBIT_API kbit_status kbit_dequantize(const uint32_t *packed, const void *absmax,
                                      kbit_absmax_format absmax_format, float tensor_scale,

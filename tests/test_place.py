@@ -45,6 +45,12 @@ class FakeArray:
     def reshape(self, shape):
         return FakeArray(self.host.reshape(shape))
 
+    def fill(self, value):
+        self.host.fill(value)
+
+    def item(self):
+        return self.host.item()
+
 
 class FakeDevice:
     entered = []

@@ -111,7 +111,7 @@ def test_quantize_model_and_state_dict_round_trip(rng, device):
     kinds = [type(m).__name__ for m in model.modules()]
     assert kinds.count("QuantizedLinear") == 2 and isinstance(model[3], torch.nn.Linear)
     y = model(x)
-    _close(y, ref, torch.float32, scale=5000)  # 4-bit weights: close, not equal
+    _close(y, ref, torch.float32, scale=15000)  # 4-bit weights of a random MLP: <= 30%
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     # into a model quantized differently (k=2, NF4): the saved weights replace them

@@ -32,6 +32,10 @@
 #define KBIT_PARAMS_KBIT_QUANTIZE_ANY(P0, P) \
     P0(const void *, input) P(int64_t, n) P(kbit_dtype, dtype) P(int, k) P(const float *, codebook) \
     P(kbit_absmax_format, absmax_format) P(float, tensor_scale) P(void *, absmax) P(uint32_t *, packed)
+#define KBIT_PARAMS_KBIT_QUANTIZE_EX(P0, P) \
+    P0(const void *, input) P(const float *, importance) P(int64_t, n) P(kbit_dtype, dtype) \
+    P(int, k) P(const float *, codebook) P(kbit_absmax_format, absmax_format) \
+    P(float, tensor_scale) P(void *, absmax) P(uint32_t *, packed) P(uint32_t *, range_status)
 #define KBIT_PARAMS_KBIT_DEQUANTIZE_ANY(P0, P) \
     P0(const uint32_t *, packed) P(const void *, absmax) P(kbit_absmax_format, absmax_format) \
     P(float, tensor_scale) P(const float *, codebook) P(int, k) P(int64_t, n) P(kbit_dtype, dtype) \
@@ -118,6 +122,10 @@
     GPU(kbit_quantize, KBIT_PARAMS_KBIT_QUANTIZE_ANY, KBIT_TAIL_STREAM, (kbit::quantize_kbit_any)) \
     HOST(kbit_quantize_host, KBIT_PARAMS_KBIT_QUANTIZE_ANY, KBIT_TAIL_NONE,                       \
          (kbit::quantize_kbit_any_host))                                                          \
+    GPU(kbit_quantize_ex, KBIT_PARAMS_KBIT_QUANTIZE_EX, KBIT_TAIL_STREAM,                         \
+        (kbit::quantize_kbit_ex))                                                                 \
+    HOST(kbit_quantize_ex_host, KBIT_PARAMS_KBIT_QUANTIZE_EX, KBIT_TAIL_NONE,                     \
+         (kbit::quantize_kbit_ex_host))                                                           \
     GPU(kbit_dequantize, KBIT_PARAMS_KBIT_DEQUANTIZE_ANY, KBIT_TAIL_STREAM,                       \
         (kbit::dequantize_kbit_any))                                                              \
     HOST(kbit_dequantize_host, KBIT_PARAMS_KBIT_DEQUANTIZE_ANY, KBIT_TAIL_NONE,                   \

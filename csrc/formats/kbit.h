@@ -239,6 +239,11 @@ KBIT_HD float add_error(float acc, float v, float value) {
     const float r = sub_rn(v, value);
     return add_rn(acc, mul_rn(r, r));
 }
+// The same weighted by an element's importance w (kbit_quantize_ex): acc + w * r^2.
+KBIT_HD float add_error(float acc, float v, float value, float w) {
+    const float r = sub_rn(v, value);
+    return add_rn(acc, mul_rn(w, mul_rn(r, r)));
+}
 
 // ---- decoding ----------------------------------------------------------------------------
 
@@ -302,6 +307,15 @@ inline kbit_status check_quantize(const void *input, int64_t n, size_t elem,
     if (codebook) KBIT_TRY(check_ptr(codebook, "codebook", 4));
     KBIT_TRY(check_ptr(absmax, "absmax", absmax_align(fmt)));
     KBIT_TRY(check_ptr(packed, "packed", 4));
+    return KBIT_SUCCESS;
+}
+
+// kbit_quantize_ex's extra arguments (importance: n floats, range_status: one word).
+inline kbit_status check_quantize_ex(int64_t n, const float *importance,
+                                     const uint32_t *range_status) {
+    if (n == 0) return KBIT_SUCCESS;
+    if (importance) KBIT_TRY(check_ptr(importance, "importance", 4));
+    if (range_status) KBIT_TRY(check_ptr(range_status, "range_status", 4));
     return KBIT_SUCCESS;
 }
 

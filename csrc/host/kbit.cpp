@@ -48,9 +48,11 @@ enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
 
 // One block: writes the K packed words and the stored scale; says whether the block
 // fits the format (else it is stored at the format's maximum). rcp_ts = rcp_rn(ts).
+// w: the elements' importance for the E4M4 scale search, or null (all 1).
 template <int K>
-BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_absmax_format fmt,
-                        float ts, float rcp_ts, void *absmax, int64_t b, uint32_t *words) {
+BlockFit quantize_block(const float *x, const float *w, int valid, const SearchTable &tab,
+                        kbit_absmax_format fmt, float ts, float rcp_ts, void *absmax, int64_t b,
+                        uint32_t *words) {
     uint8_t codes[kBlock];
     bool have_codes = false;
     uint32_t amax_bits = 0;
@@ -82,7 +84,8 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
                 for (int i = 0; i < valid; ++i) {
                     const float v = scaled(x[i], inv);
                     const Nearest near = search_nearest(tab, v);
-                    run[i / kRun] = add_error(run[i / kRun], v, near.value);
+                    run[i / kRun] = w ? add_error(run[i / kRun], v, near.value, w[i])
+                                      : add_error(run[i / kRun], v, near.value);
                     cand[i] = static_cast<uint8_t>(near.code);
                 }
                 const float total = add_rn(add_rn(run[0], run[1]), add_rn(run[2], run[3]));
@@ -113,16 +116,26 @@ BlockFit quantize_block(const float *x, int valid, const SearchTable &tab, kbit_
     return over ? kOverRange : kFits;
 }
 
+// quantize_kbit_host with kbit_quantize_ex's options: importance (null: unweighted) and
+// range_status (null: none; else set to 1 when a block does not fit).
 template <class T, int K>
-kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebook,
-                          kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed) {
+kbit_status quantize_kbit_ex_host_t(const void *input, const float *importance, int64_t n,
+                                    const float *codebook, kbit_absmax_format fmt, float ts,
+                                    void *absmax, uint32_t *packed, uint32_t *range_status) {
     KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
                             packed));
+    KBIT_TRY(check_quantize_ex(n, importance, range_status));
     if (n == 0) return KBIT_SUCCESS;
     if (codebook)
         for (int i = 0; i < (1 << K); ++i)
             if (!std::isfinite(codebook[i]))
                 return fail(KBIT_ERROR_INVALID_ARGUMENT, "codebook[%d] is not finite", i);
+    if (importance)
+        for (int64_t i = 0; i < n; ++i)
+            if (!(importance[i] >= 0.0f && importance[i] <= kF32Max))
+                return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                            "importance[%lld] = %g: weights must be finite and >= 0",
+                            static_cast<long long>(i), static_cast<double>(importance[i]));
     const SearchTable tab = build_search_table(resolve_codebook(codebook, K), 1 << K);
     const auto *in = static_cast<const typename T::storage *>(input);
     const int64_t blocks = blocks_of(n, kBlock);
@@ -134,7 +147,8 @@ kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebo
         for (int64_t b = first; b < last; ++b) {
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
             for (int i = 0; i < valid; ++i) x[i] = load_f32(T{}, in[b * kBlock + i]);
-            const BlockFit fit = quantize_block<K>(x, valid, tab, fmt, ts, rcp_ts, absmax, b,
+            const float *w = importance ? importance + b * kBlock : nullptr;
+            const BlockFit fit = quantize_block<K>(x, w, valid, tab, fmt, ts, rcp_ts, absmax, b,
                                                     packed + b * K);
             local_over += fit == kOverRange;
             local_nonfinite += fit == kNonFiniteE4M4;
@@ -142,6 +156,7 @@ kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebo
         over += local_over;
         nonfinite += local_nonfinite;
     });
+    if (range_status && (over || nonfinite)) *range_status = 1;
     if (nonfinite)
         return fail(KBIT_ERROR_RANGE,
                     "%lld block(s) hold NaN or Inf, which the E4M4 absmax format cannot "
@@ -154,6 +169,13 @@ kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebo
                     "(stored clipped); use kbit_compute_tensor_scale_host",
                     static_cast<long long>(over.load()), static_cast<double>(ts));
     return KBIT_SUCCESS;
+}
+
+template <class T, int K>
+kbit_status quantize_kbit_host(const void *input, int64_t n, const float *codebook,
+                               kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed) {
+    return quantize_kbit_ex_host_t<T, K>(input, nullptr, n, codebook, fmt, ts, absmax, packed,
+                                         nullptr);
 }
 
 template <class T, int K>
@@ -182,6 +204,18 @@ kbit_status quantize_kbit_any_host(const void *input, int64_t n, kbit_dtype dtyp
         return with_k(k, [&](auto kc) {
             return quantize_kbit_host<decltype(tag), kc.value>(input, n, codebook, fmt, ts,
                                                                absmax, packed);
+        });
+    });
+}
+
+kbit_status quantize_kbit_ex_host(const void *input, const float *importance, int64_t n,
+                                  kbit_dtype dtype, int k, const float *codebook,
+                                  kbit_absmax_format fmt, float ts, void *absmax,
+                                  uint32_t *packed, uint32_t *range_status) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return quantize_kbit_ex_host_t<decltype(tag), kc.value>(
+                input, importance, n, codebook, fmt, ts, absmax, packed, range_status);
         });
     });
 }

@@ -340,9 +340,11 @@ __device__ __forceinline__ uint32_t put_code(uint32_t w, int e, const Pick &p) {
 // Codes of a lane's 16 elements against the inverse scale inv: element e in byte e % 4
 // of c[e / 4]. WithError: *err = the squared error of the lane's two runs of 8 (valid
 // elements only), each summed in element order, then run 0 + run 1.
-template <bool Full, bool Single, bool WithError, class S>
-__device__ __forceinline__ void pick_run(const S &s, const float (&x)[kLaneElems], int nvalid,
-                                         float inv, uint32_t (&c)[4], float *err) {
+// With Weighted, element e's squared error is weighted by w[e] (its importance).
+template <bool Full, bool Single, bool WithError, bool Weighted, class S>
+__device__ __forceinline__ void pick_run(const S &s, const float (&x)[kLaneElems],
+                                         const float *w, int nvalid, float inv, uint32_t (&c)[4],
+                                         float *err) {
     float acc[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] = 0;
@@ -350,18 +352,21 @@ __device__ __forceinline__ void pick_run(const S &s, const float (&x)[kLaneElems
     for (int e = 0; e < kLaneElems; ++e) {
         const float v = scaled(x[e], inv);
         const Pick p = nearest<Single>(s, v);
-        if (WithError && (Full || e < nvalid)) acc[e / kRun] = add_error(acc[e / kRun], v, p.value);
+        if (WithError && (Full || e < nvalid))
+            acc[e / kRun] = Weighted ? add_error(acc[e / kRun], v, p.value, w[e])
+                                     : add_error(acc[e / kRun], v, p.value);
         c[e / 4] = put_code(c[e / 4], e % 4, p);
     }
     if (WithError) *err = add_rn(acc[0], acc[1]);
 }
 
 // The same, the table's `single` decided once per call (it is uniform).
-template <bool Full, bool WithError, class S>
+template <bool Full, bool WithError, bool Weighted = false, class S>
 __device__ __forceinline__ void pick_codes(const S &s, const float (&x)[kLaneElems], int nvalid,
-                                           float inv, uint32_t (&c)[4], float *err = nullptr) {
-    if (s.single) pick_run<Full, true, WithError>(s, x, nvalid, inv, c, err);
-    else pick_run<Full, false, WithError>(s, x, nvalid, inv, c, err);
+                                           float inv, uint32_t (&c)[4], float *err = nullptr,
+                                           const float *w = nullptr) {
+    if (s.single) pick_run<Full, true, WithError, Weighted>(s, x, w, nvalid, inv, c, err);
+    else pick_run<Full, false, WithError, Weighted>(s, x, w, nvalid, inv, c, err);
 }
 
 // The scale type of an absmax format.
@@ -375,12 +380,15 @@ using ScaleT = std::conditional_t<FMT == KBIT_ABSMAX_FP32, float,
 // all 16 valid. Writes the block's scale to *scale (lane h == 0) and its plane words to
 // words[0..K) when `in_range` (the block exists). Each lane holds two of the runs of 8
 // in which the E4M4 error is summed, so the fixed order (r0 + r1) + (r2 + r3) is the
-// lane's own sum plus its partner's.
-template <class T, int K, kbit_absmax_format FMT, bool Full>
+// lane's own sum plus its partner's. Weighted: w holds the half's importance weights
+// (kbit_quantize_ex), which weight the E4M4 search's errors. A block that does not fit
+// raises *flag.
+template <class T, int K, kbit_absmax_format FMT, bool Full, bool Weighted = false>
 __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
-                                              const float (&x)[kLaneElems], int nvalid, int h,
-                                              float ts, float rcp_ts, ScaleT<FMT> *scale,
-                                              uint32_t *__restrict__ words, bool in_range) {
+                                              const float (&x)[kLaneElems], const float *w,
+                                              int nvalid, int h, float ts, float rcp_ts,
+                                              ScaleT<FMT> *scale, uint32_t *__restrict__ words,
+                                              bool in_range, unsigned int *flag) {
     uint32_t amax_bits = 0;
 #pragma unroll
     for (int e = 0; e < kLaneElems; ++e)
@@ -406,8 +414,9 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
             const float dc = e4m4_decode(cc);
             float acc;
             uint32_t cc_codes[4];
-            pick_codes<Full, true>(s, x, nvalid, e4m4_inverse(s.t.rcp_e4m4[cc], rcp_ts),
-                                   cc_codes, &acc);
+            pick_codes<Full, true, Weighted>(s, x, nvalid,
+                                             e4m4_inverse(s.t.rcp_e4m4[cc], rcp_ts), cc_codes,
+                                             &acc, w);
             acc = add_rn(acc, __shfl_xor_sync(kFull, acc, 16));  // (r0 + r1) + (r2 + r3)
             const float score = mul_rn(acc, mul_rn(dc, dc));
             if (ok && score < best_score) {
@@ -445,8 +454,7 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
         c[i] &= keep;
     }
     store_planes<K>(c, h, words, in_range);
-    if (h == 0 && in_range && (over || (!finite && FMT == KBIT_ABSMAX_E4M4)))
-        atomicOr(&g_range_flag, 1u);
+    if (h == 0 && in_range && (over || (!finite && FMT == KBIT_ABSMAX_E4M4))) atomicOr(flag, 1u);
 }
 
 // Quantize: each warp takes tiles of 16 blocks in a grid-stride loop over a table built
@@ -457,11 +465,15 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
 // a few spills outside the element loop, measured 7-10% faster). The lane's input,
 // scale and word pointers advance by one stride per iteration (64-bit index arithmetic
 // per tile had cost several instructions per element).
-template <class T, int K, kbit_absmax_format FMT>
+// Weighted (E4M4 only): the search weights each element's error by importance[i].
+// flag: the word a block that does not fit raises (the caller's range_status, or the
+// device's flag).
+template <class T, int K, kbit_absmax_format FMT, bool Weighted = false>
 __global__ void __launch_bounds__(kThreads, FMT == KBIT_ABSMAX_E4M4 ? 4 : 1)
-quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
-                const float *__restrict__ codebook, float ts,
-                void *__restrict__ absmax, uint32_t *__restrict__ packed) {
+quantize_kernel(const typename T::storage *__restrict__ in, const float *__restrict__ importance,
+                int64_t n, const float *__restrict__ codebook, float ts,
+                void *__restrict__ absmax, uint32_t *__restrict__ packed,
+                unsigned int *__restrict__ flag) {
     constexpr bool kWithValue = FMT == KBIT_ABSMAX_E4M4;
     __shared__ QuantTable<K, kWithValue> t;
     const Searcher<K, kWithValue> s{t, build_quant_table(t, codebook), biased_bins(t)};
@@ -486,6 +498,13 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
     for (int64_t tile = warp; tile < tiles;
          tile += warps, b += step, src += step * kBlock, scale += step, words += step * K) {
         float x[kLaneElems];
+        float w[Weighted ? kLaneElems : 1];
+        if (Weighted) {
+            const int64_t first = b * kBlock + h * kLaneElems;
+#pragma unroll
+            for (int e = 0; e < kLaneElems; ++e)
+                w[Weighted ? e : 0] = first + e < n ? __ldg(importance + first + e) : 0.0f;
+        }
         if (tile < full_tiles) {
             if (kPrefetch) {
                 to_float16(T{}, next, x);
@@ -493,14 +512,16 @@ quantize_kernel(const typename T::storage *__restrict__ in, int64_t n,
             } else {
                 to_float16(T{}, load_raw16<T>(src), x);
             }
-            quantize_half<T, K, FMT, true>(s, x, kLaneElems, h, ts, rcp_ts, scale, words, true);
+            quantize_half<T, K, FMT, true, Weighted>(s, x, w, kLaneElems, h, ts, rcp_ts, scale,
+                                                     words, true, flag);
         } else {  // the last tile, or an unaligned input: element by element
             const int64_t left = n - (b * kBlock + h * kLaneElems);
             const int nvalid =
                 left >= kLaneElems ? kLaneElems : (left > 0 ? static_cast<int>(left) : 0);
 #pragma unroll
             for (int e = 0; e < kLaneElems; ++e) x[e] = e < nvalid ? load_f32(T{}, src[e]) : 0.0f;
-            quantize_half<T, K, FMT, false>(s, x, nvalid, h, ts, rcp_ts, scale, words, b < blocks);
+            quantize_half<T, K, FMT, false, Weighted>(s, x, w, nvalid, h, ts, rcp_ts, scale,
+                                                      words, b < blocks, flag);
         }
     }
 }
@@ -595,18 +616,24 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
     }
 }
 
-template <class T, int K, kbit_absmax_format FMT>
-cudaError_t launch_quantize(const void *in, int64_t n, const float *cb, float ts, void *absmax,
-                            uint32_t *packed, cudaStream_t stream) {
+template <class T, int K, kbit_absmax_format FMT, bool Weighted>
+cudaError_t launch_quantize(const void *in, const float *importance, int64_t n, const float *cb,
+                            float ts, void *absmax, uint32_t *packed, unsigned int *flag,
+                            cudaStream_t stream) {
     const int64_t tiles = (n + kQTileElems - 1) / kQTileElems;
     const int64_t ctas = (tiles + kWarps - 1) / kWarps;
     int grid = 0;
-    cudaError_t err = resident_grid<quantize_kernel<T, K, FMT>>(kThreads, 0, ctas, &grid);
+    cudaError_t err = resident_grid<quantize_kernel<T, K, FMT, Weighted>>(kThreads, 0, ctas, &grid);
     if (err != cudaSuccess) return err;
-    quantize_kernel<T, K, FMT><<<grid, kThreads, 0, stream>>>(
-        static_cast<const typename T::storage *>(in), n, cb, ts, absmax,
-        packed);
+    quantize_kernel<T, K, FMT, Weighted><<<grid, kThreads, 0, stream>>>(
+        static_cast<const typename T::storage *>(in), importance, n, cb, ts, absmax, packed,
+        flag);
     return launch_error();
+}
+
+// The device's range flag, for the entries without a range_status of their own.
+cudaError_t device_range_flag(unsigned int **flag) {
+    return cudaGetSymbolAddress(reinterpret_cast<void **>(flag), g_range_flag);
 }
 
 template <class T, int K, kbit_absmax_format FMT>
@@ -627,18 +654,38 @@ cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float 
     return launch_error();
 }
 
+// quantize with kbit_quantize_ex's options: importance (null: unweighted; only the E4M4
+// search uses it) and range_status (null: the device's flag).
+template <class T, int K>
+kbit_status quantize_kbit_ex_t(const void *input, const float *importance, int64_t n,
+                               const float *codebook, kbit_absmax_format fmt, float ts,
+                               void *absmax, uint32_t *packed, uint32_t *range_status,
+                               kbit_stream_t stream) {
+    KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
+                            packed));
+    KBIT_TRY(check_quantize_ex(n, importance, range_status));
+    if (n == 0) return KBIT_SUCCESS;
+    unsigned int *flag = range_status;
+    if (!flag) KBIT_TRY(cuda_status(device_range_flag(&flag), "finding the range flag"));
+    const cudaError_t err = with_format(fmt, [&](auto f) {
+        constexpr kbit_absmax_format F = decltype(f)::value;
+        if constexpr (F == KBIT_ABSMAX_E4M4) {
+            if (importance)
+                return launch_quantize<T, K, F, true>(input, importance, n, codebook, ts, absmax,
+                                                      packed, flag, stream);
+        }
+        return launch_quantize<T, K, F, false>(input, nullptr, n, codebook, ts, absmax, packed,
+                                               flag, stream);
+    });
+    return cuda_status(err, "kbit quantize launch");
+}
+
 template <class T, int K>
 kbit_status quantize_kbit(const void *input, int64_t n, const float *codebook,
                            kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed,
                            kbit_stream_t stream) {
-    KBIT_TRY(check_quantize(input, n, sizeof(typename T::storage), codebook, fmt, ts, absmax,
-                            packed));
-    if (n == 0) return KBIT_SUCCESS;
-    const cudaError_t err = with_format(fmt, [&](auto f) {
-        return launch_quantize<T, K, decltype(f)::value>(input, n, codebook, ts, absmax, packed,
-                                                        stream);
-    });
-    return cuda_status(err, "kbit quantize launch");
+    return quantize_kbit_ex_t<T, K>(input, nullptr, n, codebook, fmt, ts, absmax, packed,
+                                    nullptr, stream);
 }
 
 template <class T, int K>
@@ -686,6 +733,18 @@ kbit_status quantize_kbit_any(const void *input, int64_t n, kbit_dtype dtype, in
         return with_k(k, [&](auto kc) {
             return quantize_kbit<decltype(tag), kc.value>(input, n, codebook, fmt, ts, absmax,
                                                           packed, stream);
+        });
+    });
+}
+
+kbit_status quantize_kbit_ex(const void *input, const float *importance, int64_t n,
+                             kbit_dtype dtype, int k, const float *codebook,
+                             kbit_absmax_format fmt, float ts, void *absmax, uint32_t *packed,
+                             uint32_t *range_status, kbit_stream_t stream) {
+    return with_dtype(dtype, [&](auto tag) {
+        return with_k(k, [&](auto kc) {
+            return quantize_kbit_ex_t<decltype(tag), kc.value>(
+                input, importance, n, codebook, fmt, ts, absmax, packed, range_status, stream);
         });
     });
 }

@@ -59,6 +59,7 @@ for _t in C_TYPES:
         _launch(f"cquantize_kbit_{_t}_k{_k}", (_P, _I64, _P, _INT, _F32, _P, _P))
         _launch(f"cdequantize_kbit_{_t}_k{_k}", (_P, _P, _INT, _F32, _P, _I64, _P))
 _launch("kbit_quantize", (_P, _I64, _INT, _INT, _P, _INT, _F32, _P, _P))
+_launch("kbit_quantize_ex", (_P, _P, _I64, _INT, _INT, _P, _INT, _F32, _P, _P, _P))
 _launch("kbit_dequantize", (_P, _P, _INT, _F32, _P, _INT, _I64, _INT, _P))
 
 # NF4 / FP4 (bitsandbytes)

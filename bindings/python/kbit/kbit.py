@@ -3,7 +3,6 @@ CUDA arrays of any framework (on the GPU, on the framework's current stream)."""
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +14,6 @@ from ._lib import KbitError, call, function, size, status_code
 
 _FORMAT_ID = {"fp32": 0, "fp16": 1, "e4m4": 2}
 _ABSMAX_NP = {"fp32": "float32", "fp16": "float16", "e4m4": "uint8"}
-# Held by a checked GPU quantize from clearing the device's range flag (one per device,
-# shared by every thread and stream) to reading it.
-_RANGE_FLAG_LOCK = threading.Lock()
 
 
 def _sizes(n: int, k: int, absmax: str) -> tuple[int, int]:
@@ -159,27 +155,32 @@ def _host_f64(a, dtype=None) -> np.ndarray:
     return a.astype(np.float64)
 
 
-def _error_of(x, q: QuantizedTensor, dtype) -> float:
-    """Squared error of q against x (float64 sums on the host)."""
+def _error_of(x, q: QuantizedTensor, dtype, weights=None) -> float:
+    """Squared error of q against x, weighted by `weights` (host float64) when given
+    (float64 sums on the host)."""
     ref = _host_f64(x, dtype).reshape(-1)
     got = _host_f64(dequantize(q, dtype="float32")).reshape(-1)
-    return float(((ref - got) ** 2).sum())
+    err = (ref - got) ** 2
+    return float((err * weights).sum() if weights is not None else err.sum())
 
 
-def _quantize_best(x, k, absmax, tensor_scale, dtype) -> QuantizedTensor:
+def _quantize_best(x, k, absmax, tensor_scale, dtype, importance=None) -> QuantizedTensor:
     """codebook='auto': the book among the built-in ones and the fitted one whose
-    quantized tensor has the least squared error (ties: the first of normal, nf0, fit)."""
+    quantized tensor has the least (importance-weighted) squared error (ties: the first
+    of normal, nf0, fit)."""
+    weights = _host_f64(importance).reshape(-1) if importance is not None else None
     best = None
-    for book in ("normal", "nf0", fit_codebook(x, k, absmax, dtype)):
-        q = quantize(x, k, absmax, book, tensor_scale, dtype)
-        err = _error_of(x, q, dtype)
+    for book in ("normal", "nf0", fit_codebook(x, k, absmax, dtype, importance=importance)):
+        q = quantize(x, k, absmax, book, tensor_scale, dtype, importance)
+        err = _error_of(x, q, dtype, weights)
         if best is None or err < best[0]:
             best = (err, q)
     return best[1]
 
 
 def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
-             tensor_scale: float | None = None, dtype=None) -> QuantizedTensor:
+             tensor_scale: float | None = None, dtype=None,
+             importance=None) -> QuantizedTensor:
     """Quantizes x to k bits per element in blocks of 32 (SPEC section 1).
 
     x: a numpy array (CPU path) or a CUDA array of any framework (GPU path, no copy,
@@ -190,17 +191,22 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
     gives x the least squared error); the book used is the container's codebook.
     tensor_scale: None picks one so that every block fits the absmax format.
     dtype: only for host bfloat16, passed as uint16 bits with dtype='bfloat16'.
+    importance: optional per-element weights >= 0 (x's size, where x lives; e.g. mean
+    squared activations of each input channel, broadcast over the rows): the E4M4 scale
+    search, the 'fit' codebook and the 'auto' choice then minimise the weighted squared
+    error (kbit_quantize_ex). Unused by fp16/fp32 scales except for 'fit'/'auto'.
     """
     if isinstance(codebook, str) and codebook in ("fit", "auto"):
         _check_k(k)
         if codebook == "auto":
-            return _quantize_best(x, k, absmax, tensor_scale, dtype)
-        codebook = fit_codebook(x, k, absmax, dtype)
+            return _quantize_best(x, k, absmax, tensor_scale, dtype, importance)
+        codebook = fit_codebook(x, k, absmax, dtype, importance=importance)
     cb = _check_args(k, absmax, codebook)
     fmt = _FORMAT_ID[absmax]
     x = _arrays.float_input(x, dtype)
     place = x.place
     with place.active():
+        w = _importance(place, importance, x.size) if importance is not None else None
         ts = ctypes.c_float(1.0)
         if tensor_scale is not None:
             ts.value = float(tensor_scale)
@@ -211,33 +217,59 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
         packed = place.empty((words,), "uint32")
         am = place.empty((entries,), _ABSMAX_NP[absmax])
         cb_here = place.upload(cb) if cb is not None else None
-        args = (x.ptr, x.size, x.dtype_id, k, place.ptr(cb_here), fmt, ts, place.ptr(am),
-                place.ptr(packed))
-        # The host quantizer returns KBIT_ERROR_RANGE itself; the GPU one raises the
-        # device flag for blocks that do not fit: over the range (only possible with a
-        # caller's tensor_scale) or NaN/Inf with E4M4 (which has no NaN). Other calls
-        # cannot raise it and need no check.
-        if place.on_device and (absmax == "e4m4" or tensor_scale is not None):
-            _quantize_checked(place, args, absmax, ts.value)
+        # The host quantizer returns KBIT_ERROR_RANGE itself. On the GPU a block that does
+        # not fit (over the range, only possible with a caller's tensor_scale, or NaN/Inf
+        # with E4M4, which has no NaN) sets this call's own status word, read once after
+        # the stream's work; other calls cannot fail that way and are not checked.
+        check = place.on_device and (absmax == "e4m4" or tensor_scale is not None)
+        status = _zeroed_word(place) if check else None
+        if w is not None or check:
+            place.call("kbit_quantize_ex", x.ptr, place.ptr(w), x.size, x.dtype_id, k,
+                       place.ptr(cb_here), fmt, ts, place.ptr(am), place.ptr(packed),
+                       place.ptr(status))
         else:
-            place.call("kbit_quantize", *args)
+            place.call("kbit_quantize", x.ptr, x.size, x.dtype_id, k, place.ptr(cb_here), fmt,
+                       ts, place.ptr(am), place.ptr(packed))
+        if check and _read_word(status):
+            raise KbitError(f"a block does not fit the {absmax} absmax format at "
+                            f"tensor_scale={ts.value}: it holds NaN/Inf (E4M4 cannot "
+                            "represent them: use absmax='fp16' or 'fp32') or exceeds the "
+                            "range (pass tensor_scale=None to let kbit choose it)",
+                            status_code("KBIT_ERROR_RANGE"))
     return QuantizedTensor(packed, am, k, x.shape, x.dtype, absmax, ts.value, cb)
 
 
-def _quantize_checked(place: _arrays.Place, args, absmax: str, ts: float) -> None:
-    # One flag per device for every thread and stream: the lock keeps another thread's
-    # clear or read from landing between this call's clear and read.
-    with _RANGE_FLAG_LOCK:
-        call("kbit_get_range_flag", ctypes.byref(ctypes.c_int()), 1)
-        place.call("kbit_quantize", *args)
-        raised = ctypes.c_int()
-        call("kbit_get_range_flag", ctypes.byref(raised), 1)
-    if raised.value:
-        raise KbitError(f"a block does not fit the {absmax} absmax format at "
-                        f"tensor_scale={ts}: it holds NaN/Inf (E4M4 cannot represent them: "
-                        "use absmax='fp16' or 'fp32') or exceeds the range (pass "
-                        "tensor_scale=None to let kbit choose it)",
-                        status_code("KBIT_ERROR_RANGE"))
+def _importance(place: _arrays.Place, importance, n: int):
+    """The importance weights as n float32 values where the call runs, checked: finite
+    and >= 0 (on the GPU too, where the kernel does not check them)."""
+    dev = _arrays.device_view(importance)
+    if place.on_device != (dev is not None):
+        raise KbitError("importance must live where x lives")
+    if dev is None:
+        w = _arrays.host_array(importance, np.float32).reshape(-1)
+        bad = ~np.isfinite(w) | (w < 0)
+        ok = not bad.any()
+    else:
+        if dev.dtype != "float32":
+            raise KbitError(f"importance must be float32 on the device, got {dev.dtype}")
+        w = importance.reshape(-1)
+        ok = bool(((w >= 0) & (w < float("inf"))).all())  # NaN fails both
+    if w.size != n:
+        raise KbitError(f"importance must have x's {n} elements, got {w.size}")
+    if not ok:
+        raise KbitError("importance weights must be finite and >= 0")
+    return w
+
+
+def _zeroed_word(place: _arrays.Place):
+    buf = place.empty((1,), "uint32")
+    buf.zero_() if hasattr(buf, "zero_") else buf.fill(0)
+    return buf
+
+
+def _read_word(buf) -> int:
+    """The value of a one-element device array (waits for its stream's work)."""
+    return int(buf.item())
 
 
 def dequantize(q: QuantizedTensor, dtype=None, out=None):

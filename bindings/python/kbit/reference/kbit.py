@@ -245,20 +245,27 @@ def _scaled(xb, inv):
     return v
 
 
-def _candidate_error(xv, val, valid):
-    """Per block: float32 sum of squared residuals in the library's order."""
+def _candidate_error(xv, val, valid, w=None):
+    """Per block: float32 sum of squared residuals in the library's order, each weighted
+    by w (importance; float32 products w * r^2) when given."""
     r = np.where(valid, (xv - val).astype(np.float32), np.float32(0))
     r = r.reshape(-1, BLOCK // RUN, RUN)
+    w = None if w is None else w.reshape(r.shape)
     acc = np.zeros(r.shape[:2], dtype=np.float32)
     for e in range(RUN):
-        acc = (acc + (r[:, :, e] * r[:, :, e]).astype(np.float32)).astype(np.float32)
+        sq = (r[:, :, e] * r[:, :, e]).astype(np.float32)
+        if w is not None:
+            sq = (w[:, :, e] * sq).astype(np.float32)
+        acc = (acc + sq).astype(np.float32)
     return ((acc[:, 0] + acc[:, 1]).astype(np.float32) +
             (acc[:, 2] + acc[:, 3]).astype(np.float32)).astype(np.float32)
 
 
 def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
-                  tensor_scale: float = 1.0, strict: bool = True):
+                  tensor_scale: float = 1.0, strict: bool = True, importance=None):
     """Quantizes x (float32, float16, or uint16 bfloat16 bits; any shape, taken flat).
+    importance: optional per-element float32 weights of the E4M4 search's error
+    (kbit_quantize_ex).
 
     Returns (packed uint32[n_blocks*k], absmax array: float32 / float16 / uint8).
     Raises RangeError when a block does not fit the format and strict is True;
@@ -275,6 +282,11 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
     xb[:n] = flat
     xb = xb.reshape(nb, BLOCK)
     valid = (np.arange(nb * BLOCK) < n).reshape(nb, BLOCK)
+    wb = None
+    if importance is not None:
+        wb = np.zeros(nb * BLOCK, dtype=np.float32)
+        wb[:n] = np.asarray(importance, dtype=np.float32).reshape(-1)
+        wb = wb.reshape(nb, BLOCK)
     ts = np.float32(tensor_scale)
     table = _search_table(cb)
 
@@ -309,7 +321,7 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
                 dec_c = _E4M4_TABLE[cc]
                 xv = _scaled(xb, _e4m4_inverse(dec_c, ts))
                 _, val = _nearest(xv, table)
-                score = (_candidate_error(xv, val, valid) * (dec_c * dec_c)).astype(np.float32)
+                score = (_candidate_error(xv, val, valid, wb) * (dec_c * dec_c)).astype(np.float32)
                 better = ok & (score < best_score)
                 best = np.where(better, cc, best)
                 best_score = np.where(better, score, best_score)
