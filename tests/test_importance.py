@@ -154,3 +154,28 @@ def test_gpu_range_status_is_per_call(rng):
          torch.cuda.current_stream().cuda_stream)
     call("kbit_get_range_flag", ctypes.byref(raised), 1)
     assert raised.value == 1
+
+
+def test_range_status_argument_is_for_gpu_calls(rng):
+    x = rng.standard_normal(64).astype(np.float32)
+    with pytest.raises(KbitError, match="GPU calls"):
+        kbit.quantize(x, k=4, range_status=np.zeros(1, np.uint32))
+
+
+@requires_gpu
+def test_caller_range_status_word(rng):
+    """The caller's word: set for an over-range block, left zero otherwise; kbit does not
+    raise (the caller reads it), and the device-wide flag stays clear."""
+    import torch
+    raised = ctypes.c_int()
+    call("kbit_get_range_flag", ctypes.byref(raised), 1)
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    ok = torch.randn(4096, device="cuda")
+    kbit.quantize(ok, k=4, tensor_scale=1.0, range_status=word)
+    assert int(word.item()) == 0
+    kbit.quantize(ok * 1e4, k=4, tensor_scale=1.0, range_status=word)
+    assert int(word.item()) != 0
+    call("kbit_get_range_flag", ctypes.byref(raised), 1)
+    assert raised.value == 0
+    with pytest.raises(KbitError, match="one uint32"):
+        kbit.quantize(ok, k=4, range_status=torch.zeros(2, dtype=torch.int32, device="cuda"))

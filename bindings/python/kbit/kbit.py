@@ -180,7 +180,7 @@ def _quantize_best(x, k, absmax, tensor_scale, dtype, importance=None) -> Quanti
 
 def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
              tensor_scale: float | None = None, dtype=None,
-             importance=None) -> QuantizedTensor:
+             importance=None, range_status=None) -> QuantizedTensor:
     """Quantizes x to k bits per element in blocks of 32 (SPEC section 1).
 
     x: a numpy array (CPU path) or a CUDA array of any framework (GPU path, no copy,
@@ -195,6 +195,11 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
     squared activations of each input channel, broadcast over the rows): the E4M4 scale
     search, the 'fit' codebook and the 'auto' choice then minimise the weighted squared
     error (kbit_quantize_ex). Unused by fp16/fp32 scales except for 'fit'/'auto'.
+    range_status: GPU only, a one-element uint32 device array the caller zeroed. kbit
+    then sets it (non-zero) for a block that does not fit instead of checking itself, so
+    the call makes no synchronisation (with a given tensor_scale it makes none at all,
+    and can be captured in a CUDA graph); the caller reads it when it wants. Without it
+    a GPU call that can fail that way reads its own status word once and raises.
     """
     if isinstance(codebook, str) and codebook in ("fit", "auto"):
         _check_k(k)
@@ -222,8 +227,13 @@ def quantize(x, k: int = 4, absmax: str = "e4m4", codebook=None,
         # with E4M4, which has no NaN) sets this call's own status word, read once after
         # the stream's work; other calls cannot fail that way and are not checked.
         check = place.on_device and (absmax == "e4m4" or tensor_scale is not None)
-        status = _zeroed_word(place) if check else None
-        if w is not None or check:
+        status = None
+        if range_status is not None:
+            status = _status_word(place, range_status)
+            check = False  # the caller's to read
+        elif check:
+            status = _zeroed_word(place)
+        if w is not None or status is not None:
             place.call("kbit_quantize_ex", x.ptr, place.ptr(w), x.size, x.dtype_id, k,
                        place.ptr(cb_here), fmt, ts, place.ptr(am), place.ptr(packed),
                        place.ptr(status))
@@ -259,6 +269,17 @@ def _importance(place: _arrays.Place, importance, n: int):
     if not ok:
         raise KbitError("importance weights must be finite and >= 0")
     return w
+
+
+def _status_word(place: _arrays.Place, word):
+    dev = _arrays.device_view(word)
+    if not place.on_device or dev is None:
+        raise KbitError("range_status is for GPU calls: a one-element uint32 device array "
+                        "where x lives")
+    if dev.size != 1 or dev.dtype not in ("uint32", "int32") or dev.device_id != place.device_id:
+        raise KbitError(f"range_status must be one uint32 (or int32) on x's device, got "
+                        f"{dev.size} x {dev.dtype} on cuda:{dev.device_id}")
+    return word
 
 
 def _zeroed_word(place: _arrays.Place):
