@@ -10,7 +10,7 @@ BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check device-wheels clean
+.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check sanitize device-wheels clean
 
 all: build
 
@@ -50,6 +50,16 @@ bench: build
 BENCH_MATMUL_ARGS ?=
 bench-matmul: build deps
 	$(PYTHON) bench/bench_matmul.py --json $(BUILD)/bench_matmul.json $(BENCH_MATMUL_ARGS)
+
+# On a GPU machine: every kernel at odd sizes (tests/test_sanitize_gpu.py) under each
+# compute-sanitizer tool; fails on the first report.
+SANITIZERS ?= memcheck racecheck initcheck synccheck
+sanitize: build
+	@for tool in $(SANITIZERS); do \
+	    echo "== compute-sanitizer --tool $$tool"; \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 $(PYTHON) -m pytest \
+	        tests/test_sanitize_gpu.py -q -x -p no:cacheprovider || exit 1; \
+	done
 
 # On a GPU machine: build for sm_90, every test with the GPU on, compute-sanitizer on a
 # small case, the benchmark. Logs go to $(OUT) (default: $(BUILD)/gpu-check).

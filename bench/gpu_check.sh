@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (make gpu-check): build for sm_90, every test with the GPU on,
-# compute-sanitizer memcheck and racecheck on small cases, the demo, then the benchmarks.
+# compute-sanitizer on small cases (every tool), the demo, then the benchmarks.
 # Every step runs even if an earlier one failed; logs go to $OUT; exits non-zero if any
 # step failed. Usage: bench/gpu_check.sh BUILD_DIR OUT_DIR BENCH_SIZES
 set -uo pipefail
@@ -27,10 +27,11 @@ step ctest ctest --test-dir "$BUILD" --output-on-failure
 step pytest "$PYTHON" -m pytest tests -q -rs
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/bench/kbit_bench" --check-only --small
-# The matmul kernels under the sanitizers, through the GPU tests of their small shapes.
-MATMUL_SMALL=(tests/test_matmul.py -q -x -p no:cacheprovider -k "gpu and not large")
-step memcheck-matmul compute-sanitizer --tool memcheck --error-exitcode 1 "$PYTHON" -m pytest "${MATMUL_SMALL[@]}"
-step racecheck-matmul compute-sanitizer --tool racecheck --error-exitcode 1 "$PYTHON" -m pytest "${MATMUL_SMALL[@]}"
+# Every kernel at odd sizes under memcheck, racecheck, initcheck and synccheck
+# (make sanitize: tests/test_sanitize_gpu.py), one log per tool.
+for tool in ${SANITIZERS:-memcheck racecheck initcheck synccheck}; do
+    step "sanitize-$tool" make sanitize BUILD="$BUILD" SANITIZERS="$tool"
+done
 step demo make demo BUILD="$BUILD"
 step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
 step bench-matmul "$PYTHON" bench/bench_matmul.py --json "$OUT/bench_matmul.json" ${BENCH_MATMUL_ARGS:-}

@@ -1,0 +1,124 @@
+"""Every GPU kernel once, at odd sizes and offsets, for `make sanitize` (compute-sanitizer
+memcheck, racecheck, initcheck and synccheck over this file): small enough to run under
+each tool in a minute or two, and each case checked against the CPU library so that a
+run that goes wrong is a failure here too."""
+import numpy as np
+import pytest
+
+import kbit
+from kbit import gguf as kg
+
+from conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _cpu(a):
+    torch = _torch()
+    if isinstance(a, torch.Tensor):
+        if a.dtype == torch.bfloat16:
+            return a.view(torch.int16).cpu().numpy().view(np.uint16)
+        return a.cpu().numpy()
+    return np.asarray(a)
+
+
+def _gpu(a):
+    return _torch().from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def _offset_x(rng, n, dtype):
+    """n values at an address one element past an allocation's start (unaligned)."""
+    torch = _torch()
+    base = torch.randn(n + 1, device="cuda", dtype=getattr(torch, dtype))
+    return base[1:]
+
+
+@pytest.mark.parametrize("fmt", ["e4m4", "fp16", "fp32"])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_kbit_quantize_dequantize(rng, fmt, k):
+    x = _offset_x(rng, 1000 + 7 * k, "float16")
+    q = kbit.quantize(x, k=k, absmax=fmt)
+    host = kbit.quantize(_cpu(x), k=k, absmax=fmt, tensor_scale=q.tensor_scale)
+    assert np.array_equal(_cpu(q.packed), host.packed)
+    y = kbit.dequantize(q, dtype="bfloat16")
+    assert np.array_equal(_cpu(y), kbit.dequantize(host, dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kbit_types_weighted_and_books(rng, dtype):
+    x = _offset_x(rng, 4099, dtype)
+    w = _torch().rand(4099, device="cuda")
+    q = kbit.quantize(x, k=3, importance=w, codebook="nf0")
+    host = kbit.quantize(_cpu(x), k=3, importance=_cpu(w), codebook="nf0", dtype=dtype,
+                         tensor_scale=q.tensor_scale)
+    assert np.array_equal(_cpu(q.absmax), host.absmax)
+    book = kbit.fit_codebook(x, 4, importance=w)
+    assert np.array_equal(book, kbit.fit_codebook(_cpu(x), 4, importance=_cpu(w), dtype=dtype))
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_bnb4(rng, quant_type):
+    x = _offset_x(rng, 3 * 256 + 77, "float16")
+    q = kbit.quantize_4bit(x, quant_type=quant_type, blocksize=64, compress_statistics=True)
+    host = kbit.quantize_4bit(_cpu(x), quant_type=quant_type, blocksize=64,
+                              compress_statistics=True)
+    assert np.array_equal(_cpu(q.packed), host.packed)
+    assert np.array_equal(_cpu(kbit.dequantize_4bit(q)), kbit.dequantize_4bit(host))
+    plain = kbit.quantize_4bit(x, quant_type=quant_type, blocksize=128)
+    assert np.array_equal(_cpu(kbit.dequantize_4bit(plain, dtype="float32")),
+                          kbit.dequantize_4bit(kbit.quantize_4bit(_cpu(x), quant_type=quant_type,
+                                                                  blocksize=128), dtype="float32"))
+
+
+@pytest.mark.parametrize("qtype", list(kg.GGML_TYPES))
+def test_gguf(rng, qtype):
+    from test_gguf import _quant_tensor
+    raw = _quant_tensor(rng, qtype, (3, 256))
+    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), kg.GGML_TYPES[qtype], (3, 256))
+    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), kg.GGML_TYPES[qtype], (3, 256)),
+                         dtype="float32")
+    assert np.array_equal(_cpu(kg.dequantize(t, dtype="float32")), want)
+    a = _torch().randn(5, 256, device="cuda")
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
+    assert np.allclose(_cpu(y), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
+def _weights(rng):
+    torch = _torch()
+    w = torch.randn(40, 512, device="cuda", dtype=torch.float16)
+    q = kbit.quantize(w, k=4)
+    return w, {"kbit": q, "tiled": kbit.tile(q),
+               "nf4": kbit.quantize_nf4(w, blocksize=64, compress_statistics=True),
+               "fp4": kbit.quantize_fp4(w, blocksize=256)}
+
+
+@pytest.mark.parametrize("m", [1, 7, 13, 33])
+def test_matmul_paths(rng, m):
+    """m = 1 and 7: the GEMV with one n8 tile, 13: two tiles, 33: the tensor-core GEMM
+    (with split-K and its workspace on this shape)."""
+    torch = _torch()
+    w, weights = _weights(rng)
+    a = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+    bias = torch.randn(40, device="cuda", dtype=torch.float16)
+    for name, wq in weights.items():
+        y = kbit.matmul(a, wq, bias)
+        host_w = {"kbit": lambda: kbit.dequantize(wq, dtype="float32"),
+                  "tiled": lambda: kbit.dequantize(kbit.untile(wq), dtype="float32"),
+                  "nf4": lambda: kbit.dequantize_4bit(wq, dtype="float32"),
+                  "fp4": lambda: kbit.dequantize_4bit(wq, dtype="float32")}[name]()
+        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T + _cpu(bias)
+        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                           atol=2e-2 * np.abs(ref).max()), name
+
+
+def test_tile_untile(rng):
+    _, weights = _weights(rng)
+    back = kbit.untile(weights["tiled"])
+    assert _torch().equal(back.packed, weights["kbit"].packed)
+    assert _torch().equal(back.absmax, weights["kbit"].absmax)
