@@ -43,8 +43,10 @@ def prefix(tmp_path_factory):
     """kbit built CPU-only and installed into a fresh prefix."""
     tmp = tmp_path_factory.mktemp("install")
     build, prefix = tmp / "build", tmp / "prefix"
+    # KBIT_COPY_TO_PYTHON=OFF: this CPU-only build must not replace the library the rest
+    # of the test run loads from bindings/python/kbit
     sh(cmake, "-S", ROOT, "-B", build, *GENERATOR, "-DKBIT_ENABLE_CUDA=OFF",
-       "-DCMAKE_BUILD_TYPE=Release")
+       "-DKBIT_COPY_TO_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release")
     sh(cmake, "--build", build, "-j", "2")
     sh(cmake, "--install", build, "--prefix", prefix)
     return prefix
@@ -96,12 +98,16 @@ def test_consumer_pkg_config(prefix, tmp_path):
 
 def test_consumer_add_subdirectory(tmp_path):
     build = tmp_path / "build"
+    lib = os.path.join(ROOT, "bindings", "python", "kbit", "libkbit.so")
+    before = os.stat(lib).st_mtime_ns if os.path.exists(lib) else None
     sh(cmake, "-S", CONSUMER, "-B", build, *GENERATOR, f"-DKBIT_SOURCE_DIR={ROOT}",
-       "-DKBIT_ENABLE_CUDA=OFF")
+       "-DKBIT_ENABLE_CUDA=OFF", "-DKBIT_COPY_TO_PYTHON=ON")
     sh(cmake, "--build", build, "-j", "2")
     run_consumer(build / "consumer")
-    # as a subproject kbit builds no tests and leaves the Python package folder alone
+    # as a subproject kbit builds no tests and leaves the Python package folder alone,
+    # even when asked to copy
     assert not list(build.rglob("test_c_link"))
+    assert (os.stat(lib).st_mtime_ns if os.path.exists(lib) else None) == before
 
 
 # -- Python ------------------------------------------------------------------------------
