@@ -19,7 +19,9 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 
 def run(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    path = [os.path.join(ROOT, "bindings", "python")] + \
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     return subprocess.run([sys.executable, "-m", "kbit", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
