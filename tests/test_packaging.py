@@ -172,11 +172,17 @@ def test_sdist_has_every_source(tmp_path):
 
 @requires_backend
 def test_pip_install_into_fresh_venv(wheel, tmp_path):
-    """The wheel in a new virtual environment (numpy from this interpreter's site-packages,
+    """The wheel in a new virtual environment (numpy from this interpreter's packages,
     nothing downloaded), then the README's example from another directory, and the CLI."""
+    import numpy
     venv = tmp_path / "venv"
-    sh(sys.executable, "-m", "venv", "--system-site-packages", venv)
+    sh(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
+    # numpy from this interpreter's packages (wherever they are: system, user or another
+    # virtual environment), by a .pth file; kbit itself only from the wheel
+    purelib = sh(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    with open(os.path.join(purelib, "test-deps.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(numpy.__file__)) + "\n")
     sh(py, "-m", "pip", "install", "--no-index", "--no-deps", "-q", wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

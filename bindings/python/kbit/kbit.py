@@ -264,8 +264,9 @@ def _importance(place: _arrays.Place, importance, n: int):
             raise KbitError(f"importance must be float32 on the device, got {dev.dtype}")
         w = importance.reshape(-1)
         ok = bool(((w >= 0) & (w < float("inf"))).all())  # NaN fails both
-    if w.size != n:
-        raise KbitError(f"importance must have x's {n} elements, got {w.size}")
+    size = dev.size if dev is not None else w.size
+    if size != n:
+        raise KbitError(f"importance must have x's {n} elements, got {size}")
     if not ok:
         raise KbitError("importance weights must be finite and >= 0")
     return w

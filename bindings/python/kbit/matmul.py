@@ -145,7 +145,8 @@ def _rows(shape, k_in: int) -> int:
 def matmul(x, w, bias=None, *, dtype=None, out=None):
     """y = x @ W.T (+ bias) with W = w dequantized, never materialised.
 
-    w: a kbit.QuantizedTensor, kbit.TiledTensor (kbit.tile: the fastest on the GPU) or
+    w: a kbit.QuantizedTensor, kbit.TiledTensor (kbit.tile: the fastest on the GPU for
+    fp16/bf16 x; float32 or unaligned x untile it for the call) or
     kbit.Quantized4bit (NF4/FP4, nested states included) of shape (n_out, k_in), or a GGUF tensor (kbit.gguf.GGUFTensor, or any object with
     blocks, ggml_type and shape (n_out, k_in)). x: shape (..., k_in), float32, float16
     or bfloat16; the result has shape (..., n_out) and x's dtype, where x lives. bias:
@@ -171,6 +172,10 @@ def matmul(x, w, bias=None, *, dtype=None, out=None):
         raise KbitError(f"x is {fx.dtype} but dtype={want!r} was asked (x, bias and y share "
                         f"one dtype; convert x first)")
     m = _rows(fx.shape, k_in)
+    if isinstance(w, TiledTensor) and place.on_device and (fx.dtype == "float32" or fx.ptr % 16):
+        # The tiled GPU kernels take fp16/bf16 x on 16-byte boundaries; other x are
+        # multiplied by the stored weight (a temporary untiled copy: correct, not fast).
+        w = _tiled.untile(w)
     b = None
     if bias is not None:
         b = place.view(bias, "bias")
