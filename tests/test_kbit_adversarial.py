@@ -70,7 +70,9 @@ def spec_scale(absmax, fmt, ts):
 
 
 def spec_dequantize(codes, d, cb, n):
-    """out = float(codebook[c]) * d in float32: the exact product, rounded once."""
+    """out = float(codebook[c]) * d in float32: the exact product, rounded once, with d
+    held at FLT_MAX (a scale past it would make a finite block infinite)."""
+    d = np.where(np.isinf(d), FLT_MAX, d)
     with np.errstate(all="ignore"):
         out = (cb.astype(np.float64)[codes] * d[:, None]).astype(np.float32)
     return out.reshape(-1)[:n]
@@ -206,7 +208,7 @@ def check_case(x, k, fmt, dtype, cb=None, ts=1.0):
         c0 = np.searchsorted(table, a_s[ok], side="left")
         c = absmax[ok].astype(np.int64)
         assert np.all(np.where(c0 == 0, c == 0, (c >= np.maximum(c0 - 2, 1)) & (c <= c0 + 1)))
-    # Scales below 2^-126 have their own (xfail) test below.
+    # Scales below 2^-126 have their own test below.
     check_nearest(x64, codes, d, cbv, valid, ok & (d >= 2.0 ** -126) & np.isfinite(d))
 
     expect = spec_dequantize(codes, d, cbv, n)
@@ -232,7 +234,7 @@ def check_case(x, k, fmt, dtype, cb=None, ts=1.0):
     if fmt != "e4m4":
         assert np.all(np.isnan(blocks_out[~finite][live[~finite]])), "non-finite block -> NaN"
     # Entries within [-1, 1] keep finite blocks finite. (A scale that overflows at the
-    # chosen tensor_scale has its own xfail test below.)
+    # chosen tensor_scale has its own test below.)
     if np.abs(cbv).max() <= 1:
         assert np.all(np.isfinite(blocks_out[finite & ~over & np.isfinite(d)])), "finite block"
     return packed, absmax, codes, d, x64
@@ -407,9 +409,6 @@ def on_entry_cases():
     return cases
 
 
-@pytest.mark.xfail(strict=True, reason="C++ tie_threshold (csrc/formats/kbit.h) lets a float32 "
-                   "midpoint rounded onto an entry take a value equal to that entry to the "
-                   "neighbouring one (entries an ulp apart); SPEC 1: the code of the nearest entry")
 def test_value_on_an_entry_takes_it_in_the_library():
     for x, cb, want in on_entry_cases():
         k = cb.size.bit_length() - 1
@@ -500,10 +499,6 @@ def test_roundtrip_error_within_codebook_spacing(rng, k, fmt):
 # Known library problems (C++: csrc/formats/kbit.h, shared with the GPU kernels)
 # ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="C++ rcp_rn/inverse_scale/e4m4_inverse cap 1/d at "
-                   "FLT_MAX: blocks whose scale d < 2^-128 are searched with x * FLT_MAX "
-                   "instead of x / d, so codes are far from the nearest entry "
-                   "(SPEC 1: the code of the entry nearest to x_i / d_b)")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_blocks_with_subnormal_scales_get_the_nearest_codes(fmt):
     # bf16 and fp32 tensors can hold such values; kbit picks tensor_scale 1 for fp32
@@ -517,8 +512,6 @@ def test_blocks_with_subnormal_scales_get_the_nearest_codes(fmt):
         np.abs(x - y).max() / np.abs(x).max()
 
 
-@pytest.mark.xfail(strict=True, reason="the numpy reference mirrors the library's capped "
-                   "reciprocal bit for bit; fix it together with csrc/formats/kbit.h")
 def test_reference_blocks_with_subnormal_scales_get_the_nearest_codes():
     x = (np.linspace(-1, 1, 32) * 1e-39).astype(np.float32)
     packed, absmax = R.quantize_kbit(x, 4, absmax_format="fp32")
@@ -527,12 +520,6 @@ def test_reference_blocks_with_subnormal_scales_get_the_nearest_codes():
     assert np.all(np.abs(x - y) <= half_gap * float(absmax[0]) + 2.0 ** -20 * np.abs(x))
 
 
-@pytest.mark.xfail(strict=True, reason="C++ tensor_scale_for (csrc/formats/kbit.h): for a "
-                   "tensor whose max |x| is FLT_MAX the chosen tensor_scale makes "
-                   "decode(stored) * tensor_scale overflow to inf (fp16: 65504 * ts, E4M4: "
-                   "31 * ts), so finite blocks dequantize to +-inf and the host reports "
-                   "success (SPEC 1.2: the Python API picks tensor_scale so that no block "
-                   "is clipped; only non-finite inputs give non-finite blocks)")
 @pytest.mark.parametrize("fmt", ["fp16", "e4m4"])
 def test_tensor_of_flt_max_dequantizes_to_finite_values(fmt):
     # np.nan_to_num turns inf into FLT_MAX, so such tensors are not exotic.

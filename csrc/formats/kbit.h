@@ -131,9 +131,17 @@ inline float tensor_scale_for(float max_abs, kbit_absmax_format fmt) {
 
 // ---- dequantization ---------------------------------------------------------------
 
-// What every element of block b is multiplied by: decode(absmax[b]) * tensor_scale.
+// What every element of block b is multiplied by: decode(absmax[b]) * tensor_scale. A
+// finite decode whose product rounds past FLT_MAX is held there: a tensor whose largest
+// |x| is FLT_MAX gets a tensor_scale with which the top block's product does, and its
+// finite values must stay finite. (NaN and infinite stored scales pass through.)
+KBIT_HD float scale_product(float dec, float ts) {
+    const float d = mul_rn(dec, ts);
+    const bool held = !bits_finite(abs_bits(d)) && bits_finite(abs_bits(dec)) && d == d;
+    return held ? f32_from_bits((f32_bits(d) & 0x80000000u) | 0x7F7FFFFFu) : d;
+}
 KBIT_HD float block_scale(kbit_absmax_format fmt, const void *absmax, int64_t b, float ts) {
-    return mul_rn(decode_absmax(fmt, absmax, b), ts);
+    return scale_product(decode_absmax(fmt, absmax, b), ts);
 }
 
 // The code of element i (0..31) of a block: bit j is bit i of the block's word j.
@@ -175,9 +183,13 @@ KBIT_HD float midpoint(float a, float b) { return mul_rn(a + b, 0.5f); }
 
 // Threshold between neighbouring sorted entries lo < hi whose lowest original indices
 // are code_lo and code_hi.
+// The threshold stays within [lo, hi): a midpoint rounded onto an entry (entries an ulp
+// or two apart) must not take a v equal to that entry away from it.
 KBIT_HD float tie_threshold(float lo, float hi, int code_lo, int code_hi) {
     const float mid = midpoint(lo, hi);
-    return code_lo < code_hi ? mid : next_below(mid);
+    const float thr = code_lo < code_hi ? mid : next_below(mid);
+    const float top = next_below(hi);
+    return thr < lo ? lo : (thr > top ? top : thr);
 }
 
 // The host's table: sorted distinct entries, their codes and thresholds, and per bin of
@@ -211,6 +223,15 @@ inline Nearest search_nearest(const SearchTable &tab, float v) {
 
 // v = x / d as the quantizer computes it: x * rcp_rn(d) (never NaN for finite x).
 KBIT_HD float scaled(float x, float inv) { return mul_rn(x, inv); }
+
+// Tiny blocks: 1/d of a block scale below about 2^-128 is past FLT_MAX, so a block whose
+// largest |x| is below 2^-64 (and a tensor_scale that allows it) is quantized as
+// x * 2^64 against the scale d * 2^64 (both exact; elsewhere the two agree bit for bit).
+// Its stored scale is unchanged.
+constexpr float kTinyBlock = 0x1p-64f, kTinyShift = 0x1p64f, kTinyMaxTs = 0x1p60f;
+KBIT_HD bool tiny_block(float a, bool finite, float ts) {
+    return finite && a > 0.0f && a < kTinyBlock && ts < kTinyMaxTs;
+}
 
 // Reciprocal of a block scale; 0 for a zero block (every element then maps to v = 0).
 KBIT_HD float inverse_scale(float d) { return d > 0.0f ? rcp_rn(d) : 0.0f; }

@@ -50,7 +50,7 @@ enum BlockFit { kFits = 0, kOverRange = 1, kNonFiniteE4M4 = 2 };
 // fits the format (else it is stored at the format's maximum). rcp_ts = rcp_rn(ts).
 // w: the elements' importance for the E4M4 scale search, or null (all 1).
 template <int K>
-BlockFit quantize_block(const float *x, const float *w, int valid, const SearchTable &tab,
+BlockFit quantize_block(float *x, const float *w, int valid, const SearchTable &tab,
                         kbit_absmax_format fmt, float ts, float rcp_ts, void *absmax, int64_t b,
                         uint32_t *words) {
     uint8_t codes[kBlock];
@@ -59,6 +59,11 @@ BlockFit quantize_block(const float *x, const float *w, int valid, const SearchT
     for (int i = 0; i < valid; ++i) amax_bits = std::max(amax_bits, abs_bits(x[i]));
     const bool finite = bits_finite(amax_bits);
     const float a_s = div_rn(f32_from_bits(amax_bits), ts);
+    if (tiny_block(f32_from_bits(amax_bits), finite, ts)) {  // x and the scale's inverse, * 2^64
+        for (int i = 0; i < valid; ++i) x[i] = mul_rn(x[i], kTinyShift);
+        ts = mul_rn(ts, kTinyShift);
+        rcp_ts = rcp_rn(ts);
+    }
     bool over = false;
     float dec = 0.0f;
 

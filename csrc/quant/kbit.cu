@@ -385,7 +385,7 @@ using ScaleT = std::conditional_t<FMT == KBIT_ABSMAX_FP32, float,
 // raises *flag.
 template <class T, int K, kbit_absmax_format FMT, bool Full, bool Weighted = false>
 __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSMAX_E4M4> &s,
-                                              const float (&x)[kLaneElems], const float *w,
+                                              float (&x)[kLaneElems], const float *w,
                                               int nvalid, int h, float ts, float rcp_ts,
                                               ScaleT<FMT> *scale, uint32_t *__restrict__ words,
                                               bool in_range, unsigned int *flag) {
@@ -397,6 +397,12 @@ __device__ __forceinline__ void quantize_half(const Searcher<K, FMT == KBIT_ABSM
     const bool finite = bits_finite(amax_bits);
     const float a = f32_from_bits(amax_bits);
     const float a_s = ts == 1.0f ? a : div_rn(a, ts);
+    if (tiny_block(a, finite, ts)) {  // formats/kbit.h: x and the scale's inverse, * 2^64
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) x[e] = mul_rn(x[e], kTinyShift);
+        ts = mul_rn(ts, kTinyShift);
+        rcp_ts = rcp_rn(ts);
+    }
     bool over = false;
     uint32_t c[4];  // the codes, one per byte
 
@@ -587,7 +593,7 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
         for (int u = 0; u < kDequantTiles; ++u) {
             if (t0 + u >= tiles) break;
             const int64_t b = (t0 + u) * kTileBlocks + (lane >> 2);
-            const float scale = mul_rn(decode_scale(FMT, raw_scale[u]), ts);
+            const float scale = scale_product(decode_scale(FMT, raw_scale[u]), ts);
             uint32_t lo, hi;
             spread_codes<K>(w[u], q, lo, hi);
             float v[8];
@@ -612,7 +618,7 @@ dequantize_kernel(const uint32_t *__restrict__ packed, const void *__restrict__ 
         uint32_t c = 0;
 #pragma unroll
         for (int j = 0; j < K; ++j) c |= ((packed[b * K + j] >> bit) & 1u) << j;
-        out[i] = store_cast(T{}, mul_rn(cb_smem[c], mul_rn(decode_absmax(FMT, absmax, b), ts)));
+        out[i] = store_cast(T{}, mul_rn(cb_smem[c], block_scale(FMT, absmax, b, ts)));
     }
 }
 

@@ -35,6 +35,7 @@ E4M4_CANDIDATES = (0, -1, -2, 1)
 # element order, the 4 runs as (r0 + r1) + (r2 + r3), weighted by decode(c)^2.
 RUN = 8
 FLT_MAX = np.float32(3.4028234663852886e38)
+TINY_BLOCK, TINY_SHIFT, TINY_MAX_TS = 2.0 ** -64, 2.0 ** 64, 2.0 ** 60  # formats/kbit.h
 
 
 class RangeError(ValueError):
@@ -231,9 +232,10 @@ def _inverse(d):
 
 
 def _e4m4_inverse(dec, tensor_scale):
-    """The E4M4 candidates' 1/(decode(c) * ts), defined as rcp(decode(c)) * rcp(ts)."""
+    """The E4M4 candidates' 1/(decode(c) * ts), defined as rcp(decode(c)) * rcp(ts)
+    (tensor_scale: a number or one per block)."""
     with np.errstate(over="ignore"):
-        r = _inverse(dec) * _inverse(np.float32(tensor_scale))
+        r = _inverse(dec) * _inverse(np.asarray(tensor_scale, dtype=np.float32))
     return np.minimum(r.astype(np.float32), FLT_MAX)
 
 
@@ -295,6 +297,11 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
         finite = np.isfinite(a)
         a_s = (a / ts).astype(np.float32)
         over = np.zeros(nb, dtype=bool)
+        # Tiny blocks (largest |x| < 2^-64): x and the scale's inverse taken * 2^64
+        # (exact), because 1/d of a scale below about 2^-128 is past FLT_MAX.
+        tiny = finite & (a > 0) & (a < TINY_BLOCK) & (ts < TINY_MAX_TS)
+        xb = np.where(tiny[:, None], xb * np.float32(TINY_SHIFT), xb).astype(np.float32)
+        ts_b = np.where(tiny, ts * np.float32(TINY_SHIFT), ts).astype(np.float32)
 
         if absmax_format == "fp32":
             # A finite block over the float range (tensor_scale < 1) is clipped.
@@ -319,7 +326,7 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
                 ok = search & (c >= 1) & (c <= 255)
                 cc = np.clip(c, 1, 255)
                 dec_c = _E4M4_TABLE[cc]
-                xv = _scaled(xb, _e4m4_inverse(dec_c, ts))
+                xv = _scaled(xb, _e4m4_inverse(dec_c, ts_b))
                 _, val = _nearest(xv, table)
                 score = (_candidate_error(xv, val, valid, wb) * (dec_c * dec_c)).astype(np.float32)
                 better = ok & (score < best_score)
@@ -333,11 +340,11 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
         if strict and over.any():
             raise RangeError(f"{int(over.sum())} block(s) exceed the {absmax_format} "
                              f"range at tensor_scale={float(ts)}")
-        d = (dec.astype(np.float32) * ts).astype(np.float32)
+        d = (dec.astype(np.float32) * ts_b).astype(np.float32)
         inv = _inverse(d)
         if absmax_format == "e4m4":  # searched blocks use the candidates' reciprocal
             searched = finite & ~over & (dec > 0)
-            inv = np.where(searched, _e4m4_inverse(dec, ts), inv)
+            inv = np.where(searched, _e4m4_inverse(dec, ts_b), inv)
         inv = np.where(finite, inv, np.float32(0)).astype(np.float32)
         xv = _scaled(xb, inv)  # zero blocks: v = 0
         codes, _ = _nearest(xv, table)
@@ -349,8 +356,8 @@ def quantize_kbit(x, k: int, codebook=None, absmax_format: str = "e4m4",
 def dequantize_kbit(packed, absmax, k: int, n: int, codebook=None,
                     absmax_format: str = "e4m4", tensor_scale: float = 1.0,
                     dtype=np.float32) -> np.ndarray:
-    """out[i] = float32(codebook[c_i]) * (decode(absmax[b]) * tensor_scale), then cast
-    to dtype with round-to-nearest-even (np.float32, np.float16, or 'bfloat16' for
+    """out[i] = float32(codebook[c_i]) * (decode(absmax[b]) * tensor_scale), the product
+    in brackets held at +-FLT_MAX when a finite decode's rounds past it, then cast to dtype with round-to-nearest-even (np.float32, np.float16, or 'bfloat16' for
     uint16 bfloat16 bits)."""
     cb = create_normal_float_codebook(k) if codebook is None else \
         np.asarray(codebook, dtype=np.float32).reshape(-1)
@@ -363,6 +370,8 @@ def dequantize_kbit(packed, absmax, k: int, n: int, codebook=None,
         dec = am.astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         d = (dec * np.float32(tensor_scale)).astype(np.float32)
+        held = np.isinf(d) & np.isfinite(dec)  # a finite decode's product past FLT_MAX
+        d = np.where(held, np.copysign(np.float32(FLT_MAX), d), d).astype(np.float32)
         out = (cb[codes] * d[:, None]).astype(np.float32).reshape(-1)[:n]
     return cast_from_float32(out, dtype)
 
