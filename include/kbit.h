@@ -14,6 +14,12 @@
  *    rejected with a status before anything is written.
  *  - On failure kbit_last_error_message() tells why (per thread, with the CUDA text
  *    where there is one).
+ *  - Devices, as cuBLAS: a GPU entry runs on the calling thread's current device
+ *    (cudaSetDevice), whose memory its pointers and whose stream `stream` must be. kbit
+ *    never changes the current device, and its per-device state (kernel settings, the
+ *    range flag of kbit_get_range_flag) is the current device's. To work on several
+ *    GPUs, make each current in turn (or one per thread); the Python package does this
+ *    for every call from the arrays' own device.
  */
 #ifndef KBIT_H_
 #define KBIT_H_

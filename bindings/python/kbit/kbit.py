@@ -262,6 +262,9 @@ def _importance(place: _arrays.Place, importance, n: int):
     else:
         if dev.dtype != "float32":
             raise KbitError(f"importance must be float32 on the device, got {dev.dtype}")
+        if dev.device_id != place.device_id:
+            raise KbitError(f"importance is on cuda:{dev.device_id} but x on "
+                            f"cuda:{place.device_id}")
         w = importance.reshape(-1)
         ok = bool(((w >= 0) & (w < float("inf"))).all())  # NaN fails both
     size = dev.size if dev is not None else w.size
