@@ -63,14 +63,17 @@ def test_calls_run_on_the_arrays_device():
     import torch
     ref = {name: [r.cpu() for r in fn()] for name, fn in _ops(torch, "cuda:0").items()}
     torch.cuda.set_device(0)
+    ops = _ops(torch, "cuda:1")
+    for name, fn in ops.items():  # cuda:0 current, the arrays on cuda:1
+        got = fn()
+        assert torch.cuda.current_device() == 0, name  # kbit left it alone
+        for r, want in zip(got, ref[name]):
+            assert r.device == torch.device("cuda", 1), name
+            assert torch.equal(r.cpu(), want), name
     s1 = torch.cuda.Stream(device=1)
-    with torch.cuda.stream(s1):  # cuda:1's current stream, cuda:0 stays current
-        ops = _ops(torch, "cuda:1")
+    with torch.cuda.stream(s1):  # (PyTorch makes s1's device current here)
         for name, fn in ops.items():
-            got = fn()
-            assert torch.cuda.current_device() == 0, name
-            for r, want in zip(got, ref[name]):
-                assert r.device == torch.device("cuda", 1), name
+            for r, want in zip(fn(), ref[name]):
                 assert torch.equal(r.cpu(), want), name
     s1.synchronize()
 
