@@ -11,6 +11,7 @@ import kbit
 from kbit import gguf as kg
 
 from conftest import requires_gpu
+from test_kbit_gpu import run_in_threads
 
 pytestmark = requires_gpu
 
@@ -68,25 +69,16 @@ def test_eight_threads_four_streams_equal_serial(rng):
     torch.cuda.synchronize()
     pool = [torch.cuda.Stream() for _ in range(streams)]
     results = [[] for _ in range(threads)]
-    errors = []
     start = threading.Barrier(threads)
 
     def work(i):
-        try:
-            start.wait()
-            with torch.cuda.stream(pool[i % streams]):
-                for _ in range(rounds):
-                    results[i].append(_round(*items[i], blocks[i]))
-                torch.cuda.current_stream().synchronize()
-        except Exception as e:  # reported below
-            errors.append((i, e))
+        start.wait()
+        with torch.cuda.stream(pool[i % streams]):
+            for _ in range(rounds):
+                results[i].append(_round(*items[i], blocks[i]))
+            torch.cuda.current_stream().synchronize()
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, threads)
     for i in range(threads):
         assert len(results[i]) == rounds
         for got in results[i]:
@@ -113,11 +105,7 @@ def test_range_errors_with_eight_threads(rng):
                 except kbit.KbitError:
                     outcome[i].append(True)
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_in_threads(work, 8)
     assert outcome == [[bool(i % 2)] * 10 for i in range(8)]
 
 
