@@ -2,6 +2,7 @@
 // decoding through the same per-group math (csrc/formats/gguf.h), so the bits are
 // identical.
 #include <algorithm>
+#include <cstring>
 
 #include "../core/dispatch.h"
 #include "../core/entries.h"
@@ -46,11 +47,14 @@ static kbit_status dequantize_any_host(int ggml_type, const void *blocks, int64_
     });
 }
 
+// The outputs need no alignment (tests/test_abi_fuzz.py passes them at any): written
+// byte-wise, not as int64_t stores (undefined behaviour when misaligned).
 static kbit_status block_info(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
     return with_type(ggml_type, [&](auto fmt) {
         using Fmt = decltype(fmt);
-        if (block_elems) *block_elems = Fmt::kElems;
-        if (block_bytes) *block_bytes = Fmt::kBytes;
+        const int64_t elems = Fmt::kElems, bytes = Fmt::kBytes;
+        if (block_elems) std::memcpy(block_elems, &elems, sizeof elems);
+        if (block_bytes) std::memcpy(block_bytes, &bytes, sizeof bytes);
         return KBIT_SUCCESS;
     });
 }
