@@ -10,7 +10,8 @@ BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check sanitize device-wheels clean
+.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check sanitize device-wheels \
+        clean asan-build asan-test
 
 all: build
 
@@ -37,6 +38,39 @@ test-c: build
 
 test-python: build deps
 	$(PYTHON) -m pytest tests -q -rs
+
+# The CPU library with AddressSanitizer + UndefinedBehaviorSanitizer (CMake option
+# KBIT_SANITIZE, its own folder; the package's libkbit.so is left alone), then its C tests
+# and the whole pytest suite against it. Python is not instrumented, so the sanitizer
+# runtimes are preloaded; CPython leaks by design (detect_leaks=0 for pytest only);
+# KBIT_LIBRARY_FIRST makes the binding load $(ASAN_BUILD)/libkbit.so before its own copy.
+# --capture=sys lets a sanitizer report reach the log before the process dies.
+# Deselected: test_host_out_of_memory_keeps_its_message caps RLIMIT_AS, which ASan's
+# shadow memory cannot live under, and ASan's operator new aborts instead of throwing.
+ASAN_BUILD ?= build-asan
+ASAN_CC ?= gcc
+ASAN_CXX ?= g++
+ASAN_PYTEST_ARGS ?=
+ASAN_LIB = $(abspath $(ASAN_BUILD))/libkbit.so
+ASAN_ENV = LD_PRELOAD="$$($(ASAN_CC) -print-file-name=libasan.so):$$($(ASAN_CC) -print-file-name=libubsan.so)" \
+           ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+           KBIT_LIBRARY=$(ASAN_LIB) KBIT_LIBRARY_FIRST=1
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release -DKBIT_ENABLE_CUDA=OFF \
+	      -DKBIT_SANITIZE=ON -DCMAKE_C_COMPILER=$(ASAN_CC) -DCMAKE_CXX_COMPILER=$(ASAN_CXX)
+
+asan-build: $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j
+
+asan-test: asan-build deps
+	@for r in libasan.so libubsan.so; do f=$$($(ASAN_CC) -print-file-name=$$r); \
+	    test -e "$$f" || { echo "asan-test: $(ASAN_CC) has no $$r (install its sanitizer runtimes)"; exit 1; }; done
+	ctest --test-dir $(ASAN_BUILD) --output-on-failure
+	$(ASAN_ENV) $(PYTHON) -c "import kbit, kbit._lib as l; p = l.lib()._name; \
+	    assert p == '$(ASAN_LIB)', 'loaded ' + p; print('asan-test: pytest on', p)"
+	$(ASAN_ENV) $(PYTHON) -m pytest tests -q -rs -p no:cacheprovider --capture=sys \
+	    --deselect tests/test_matmul.py::test_host_out_of_memory_keeps_its_message $(ASAN_PYTEST_ARGS)
 
 demo: build deps
 	$(PYTHON) examples/demo.py
@@ -80,4 +114,4 @@ device-wheels:
 	    --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes
 
 clean:
-	rm -rf $(BUILD) bindings/python/kbit/libkbit.so
+	rm -rf $(BUILD) $(ASAN_BUILD) bindings/python/kbit/libkbit.so

@@ -1,7 +1,9 @@
 """Loads libkbit and gives checked access to its C functions.
 
 The library is looked for next to this package, then at $KBIT_LIBRARY, then on the
-system's search path; the error names every place tried.
+system's search path; the error names every place tried. With KBIT_LIBRARY_FIRST=1,
+$KBIT_LIBRARY is tried before the package's copy (`make asan-test` loads its sanitizer
+build this way).
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def _load() -> ctypes.CDLL:
     candidates = [os.path.join(here, "libkbit.so")]
     env = os.environ.get("KBIT_LIBRARY")
     if env:
-        candidates.append(env)
+        first = os.environ.get("KBIT_LIBRARY_FIRST", "") not in ("", "0")
+        candidates.insert(0 if first else 1, env)
     for path in candidates:
         if os.path.exists(path):
             try:
