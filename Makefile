@@ -11,7 +11,7 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check sanitize device-wheels \
-        clean asan-build asan-test
+        clean asan-build asan-test fuzz
 
 all: build
 
@@ -85,6 +85,29 @@ BENCH_MATMUL_ARGS ?=
 bench-matmul: build deps
 	$(PYTHON) bench/bench_matmul.py --json $(BUILD)/bench_matmul.json $(BENCH_MATMUL_ARGS)
 
+# libFuzzer on the host library (fuzz/: every host decoder, the quantizer, the NF4
+# double-quant state path, the GGUF block decoders and the matmul host entries, with the
+# seed corpus of fuzz/corpus), each target for FUZZ_SECONDS; then the seeded mutation
+# fuzzer of the GGUF and safetensors file readers (fuzz/fuzz_readers.py). Prints each
+# run count; fails on the first crash or broken check. Needs clang with libFuzzer.
+FUZZ_SECONDS ?= 20
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TARGETS = fuzz_kbit_dequantize fuzz_kbit_quantize fuzz_nf4 fuzz_gguf fuzz_matmul
+fuzz: deps
+	@command -v clang++ >/dev/null || { echo "make fuzz needs clang++ with libFuzzer"; exit 1; }
+	cmake -S fuzz -B $(FUZZ_BUILD)/targets $(GENERATOR) -DCMAKE_C_COMPILER=clang \
+	      -DCMAKE_CXX_COMPILER=clang++
+	cmake --build $(FUZZ_BUILD)/targets -j
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	    $(FUZZ_BUILD)/targets/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	        -artifact_prefix=$(FUZZ_BUILD)/$$t- $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t \
+	        > $(FUZZ_BUILD)/$$t.log 2>&1 || { tail -n 40 $(FUZZ_BUILD)/$$t.log; \
+	        echo "fuzz: $$t FAILED (input kept as $(FUZZ_BUILD)/$$t-*)"; exit 1; }; \
+	    echo "fuzz: $$t: $$(grep -E '^Done [0-9]+ runs' $(FUZZ_BUILD)/$$t.log), 0 crashes"; \
+	done
+	$(PYTHON) fuzz/fuzz_readers.py --seconds $(FUZZ_SECONDS)
+
 # On a GPU machine: every kernel at odd sizes (tests/test_sanitize_gpu.py) under each
 # compute-sanitizer tool; fails on the first report.
 SANITIZERS ?= memcheck racecheck initcheck synccheck
@@ -114,4 +137,4 @@ device-wheels:
 	    --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) bindings/python/kbit/libkbit.so
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) bindings/python/kbit/libkbit.so

@@ -548,7 +548,7 @@ def test_load_valid_raw_file(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["overlap", "many-overlap", "misaligned", "phantom",
-                                  "duplicate"])
+                                  "duplicate", "five-dims", "huge-zero-dims"])
 def test_load_rejects_inconsistent_tensor_infos(tmp_path, case):
     """Overlapping tensors (1,000 infos on the same bytes had made load allocate 3.7 GiB),
     offsets off the file's alignment, a tensor count one past the real infos (a phantom
@@ -558,7 +558,10 @@ def test_load_rejects_inconsistent_tensor_infos(tmp_path, case):
              "many-overlap": [(f"t{i}", [64], F32, 0) for i in range(1000)],
              "misaligned": [("a", [8], F32, 2)],
              "phantom": [("a", [8], F32, 0)],
-             "duplicate": [("a", [8], F32, 0), ("a", [8], F32, 32)]}[case]
+             "duplicate": [("a", [8], F32, 0), ("a", [8], F32, 32)],
+             # found by fuzz/fuzz_readers.py: numpy's ValueError, not KbitError
+             "five-dims": [("a", [8, 1, 1, 1, 1], F32, 0)],
+             "huge-zero-dims": [("a", [0, 2 ** 40, 2 ** 40], F32, 0)]}[case]
     path = _raw_file(tmp_path / f"{case}.gguf", infos,
                      n_tensors=len(infos) + (case == "phantom"), data=data)
     with pytest.raises(KbitError) as e:

@@ -35,6 +35,7 @@ _ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: 
                  7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
 _MAX_NESTING = 64
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 
 @dataclass
@@ -185,7 +186,12 @@ def _parse(data, size: int) -> Header:
         name = cur.string(f"tensor info #{i}")
         what = f"tensor info {name!r}"
         n_dims = cur.u32(what)
-        dims = [cur.u64(what) for _ in range(min(n_dims, size))]
+        if n_dims > _MAX_DIMS:
+            raise _Corrupt(f"tensor {name!r} has {n_dims} dimensions (GGUF allows at most "
+                           f"{_MAX_DIMS})")
+        dims = [cur.u64(what) for _ in range(n_dims)]
+        if math.prod(d for d in dims if d) >= 1 << 62:  # a zero dim does not excuse the rest
+            raise _Corrupt(f"tensor {name!r} has dimensions {dims}: more than 2^62 elements")
         infos.append((name, dims, cur.u32(what), cur.u64(what)))
     start = cur.pos + (-cur.pos) % alignment
     names = [info[0] for info in infos]
