@@ -730,8 +730,15 @@ def test_host_out_of_memory_keeps_its_message(rng):
     parent, end = ctx.Pipe()
     p = ctx.Process(target=child, args=(end,))
     p.start()
+    end.close()  # the child's end: a child that dies without sending is EOF, not a hang
+    if not parent.poll(60):
+        p.kill()
+        pytest.fail(f"the child sent nothing within 60 s (exit code {p.exitcode})")
+    try:
+        status, message = parent.recv()
+    except EOFError:
+        pytest.fail(f"the child died before sending (exit code {p.exitcode})")
     p.join(60)
-    status, message = parent.recv()
     assert status == 9, (status, message)  # KBIT_ERROR_INTERNAL
     assert "memory" in message
 
