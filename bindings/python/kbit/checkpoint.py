@@ -56,11 +56,28 @@ def _invalid(path, message: str) -> KbitError:
     return KbitError(f"{path}: {message}", status_code("KBIT_ERROR_INVALID_DATA"))
 
 
-def _format_of(value) -> str | None:
+def format_of(value) -> str | None:
+    """The container format of value ('kbit', 'kbit_tiled', 'bnb4', 'gguf'), or None for
+    anything else (a plain array)."""
     for name, (cls, _, _) in _FORMATS.items():
         if type(value) is cls:
             return name
     return None
+
+
+def dequantize_any(q, dtype: str):
+    """Any container dequantized where it lives (a tiled weight through its stored form)."""
+    from . import bnb4, gguf, kbit, tiled
+    fmt = format_of(q)
+    if fmt == "kbit_tiled":
+        q, fmt = tiled.untile(q), "kbit"
+    if fmt == "kbit":
+        return kbit.dequantize(q, dtype=dtype)
+    if fmt == "bnb4":
+        return bnb4.dequantize_4bit(q, dtype=dtype)
+    if fmt == "gguf":
+        return gguf.dequantize(q, dtype=dtype)
+    raise KbitError(f"not a kbit container: {type(q).__name__}")
 
 
 def _to_host(arr, what: str) -> tuple[np.ndarray, str]:
@@ -117,7 +134,7 @@ def save(tensors: Mapping[str, Any], path, metadata: Mapping[str, str] | None = 
     for name, value in _progress(tensors.items(), len(tensors), progress, "save"):
         if not isinstance(name, str) or not name:
             raise KbitError(f"tensor names must be non-empty strings, got {name!r}")
-        fmt = _format_of(value)
+        fmt = format_of(value)
         if fmt is None:
             put(name, value, name)
             continue

@@ -124,32 +124,20 @@ def _format_name(args) -> str:
 # -- dequantize -------------------------------------------------------------------------
 def cmd_dequantize(args) -> int:
     import kbit
-    from .checkpoint import _FORMATS
+    from .checkpoint import dequantize_any, format_of
     tensors = kbit.load(args.input, device=args.device)
     out = {}
-    classes = tuple(cls for cls, _, _ in _FORMATS.values())
     for name, v in _bar(tensors.items(), len(tensors), "dequantize", not args.quiet):
-        if not isinstance(v, classes):
+        if format_of(v) is None:
             out[name] = v
             continue
         dtype = args.dtype or getattr(v, "dtype", "float32")
-        y = _dequantize(v, dtype)
+        y = dequantize_any(v, dtype)
         out[name] = _bf16(y) if dtype == "bfloat16" and isinstance(y, np.ndarray) else y
     kbit.save(out, args.output)
     if not args.quiet:
         print(f"wrote {args.output} ({len(out)} tensors)")
     return 0
-
-
-def _dequantize(v, dtype: str):
-    import kbit
-    if isinstance(v, kbit.TiledTensor):
-        v = kbit.untile(v)
-    if isinstance(v, kbit.QuantizedTensor):
-        return kbit.dequantize(v, dtype=dtype)
-    if isinstance(v, kbit.Quantized4bit):
-        return kbit.dequantize_4bit(v, dtype=dtype)
-    return kbit.gguf.dequantize(v, dtype=dtype)
 
 
 # -- inspect ----------------------------------------------------------------------------

@@ -21,12 +21,11 @@ from torch import nn
 
 from . import _arrays
 from . import bnb4 as _bnb4
-from . import gguf as _gguf
 from . import kbit as _kbit
 from .matmul import matmul as _kbit_matmul
 from . import tiled as _tiled
 from ._lib import KbitError
-from .checkpoint import _FORMATS
+from .checkpoint import _FORMATS, dequantize_any, format_of
 
 __all__ = ["QuantizedLinear", "dequantize", "matmul", "quantize", "quantize_4bit",
            "quantize_model"]
@@ -79,10 +78,10 @@ def _torch_fields(q):
 
 
 def _format(q) -> str:
-    for name, (cls, _, _) in _FORMATS.items():
-        if type(q) is cls:
-            return name
-    raise KbitError(f"not a kbit container: {type(q).__name__}")
+    fmt = format_of(q)
+    if fmt is None:
+        raise KbitError(f"not a kbit container: {type(q).__name__}")
+    return fmt
 
 
 def quantize(x: torch.Tensor, k: int = 4, **kwargs) -> _kbit.QuantizedTensor:
@@ -102,16 +101,8 @@ def dequantize(q, dtype: torch.dtype | str | None = None) -> torch.Tensor:
     """Any kbit container (kbit stored or tiled, NF4/FP4, GGUF) dequantized to a torch
     tensor where q lives (default dtype: the quantized tensor's, float16 for GGUF)."""
     name = _arrays.dtype_name(dtype) if dtype is not None else getattr(q, "dtype", "float16")
-    fmt = _format(q)
-    if fmt == "kbit_tiled":
-        q, fmt = _tiled.untile(q), "kbit"
-    if fmt == "kbit":
-        y = _kbit.dequantize(q, dtype=name)
-    elif fmt == "bnb4":
-        y = _bnb4.dequantize_4bit(q, dtype=name)
-    else:
-        y = _gguf.dequantize(q, dtype=name)
-    return _torch_output(y, name).reshape(tuple(q.shape))
+    _format(q)
+    return _torch_output(dequantize_any(q, name), name).reshape(tuple(q.shape))
 
 
 class _Matmul(torch.autograd.Function):
