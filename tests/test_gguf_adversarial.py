@@ -394,6 +394,9 @@ def test_header_reads_vocab_file_quickly(tmp_path):
     took = time.perf_counter() - t0
     assert len(head.metadata["tokenizer.ggml.tokens"]) == 128_000
     assert head.metadata["tokenizer.ggml.scores"][5] == -5.0
+    # numeric arrays are views of the map, not per-element Python objects
+    assert isinstance(head.metadata["tokenizer.ggml.scores"], np.ndarray)
+    assert isinstance(head.metadata["tokenizer.ggml.token_type"], np.ndarray)
     assert kg.load(path, device="cpu") == {}
     assert took < 5, f"read_header took {took:.2f} s"  # generous: loaded CI machines
 
