@@ -133,3 +133,27 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
             diff = np.linalg.norm(as_f64(y, dtype) - as_f64(y_host, dtype))
             ref = max(np.linalg.norm(reference(x, w64, None, dtype)), scale, 1e-30)
             assert diff <= TOL[dtype] * ref
+
+
+@requires_gpu
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_gpu_streamed_gemv_shapes(rng, k):
+    """The streamed GEMV's walk: more row tiles than CTAs (runs of several tiles a CTA),
+    rows of one, two and several ring stages with a short last one, a last group of one
+    chunk, n_out off the tile, every absmax format, bias, m = 1..16; against the CPU."""
+    import torch
+    for i, (n_out, k_in) in enumerate(((2500, 1312), (4100, 160), (2113, 4128), (5, 9216))):
+        fmt = list(FORMATS)[(i + k) % 3]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(kbit.QuantizedTensor(
+            torch.from_numpy(q.packed.view(np.int32)).cuda(),
+            torch.from_numpy(np.asarray(q.absmax)).cuda(), q.k, q.shape, q.dtype,
+            q.absmax_format, q.tensor_scale, q.codebook))
+        for m in (1, 3, 8, 9, 16):
+            dtype = "float16" if m % 2 else "bfloat16"
+            x = random_x(rng, (m, k_in), dtype)
+            bias = random_x(rng, (n_out,), dtype)
+            y = from_cuda(kbit.matmul(cuda_x(x, dtype), t, cuda_x(bias, dtype)), dtype)
+            scale = magnitude(x, w64, dtype)
+            check_accuracy(y, reference(x, w64, bias, dtype), dtype,
+                           f"streamed K={k} {n_out}x{k_in} m={m}", scale)

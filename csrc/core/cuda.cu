@@ -5,25 +5,36 @@
 
 namespace kbit {
 
-cudaError_t sm_count(int *count) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> cache[kMaxDevices];  // 0 = not read yet
+namespace {
+// A device attribute of the current device, read once per device and slot.
+cudaError_t cached_attribute(int slot, cudaDeviceAttr attr, int *value) {
+    constexpr int kMaxDevices = 64, kSlots = 2;
+    static std::atomic<int> cache[kSlots][kMaxDevices];  // 0 = not read yet
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
     if (dev >= 0 && dev < kMaxDevices) {
-        int c = cache[dev].load(std::memory_order_relaxed);
+        int c = cache[slot][dev].load(std::memory_order_relaxed);
         if (c > 0) {
-            *count = c;
+            *value = c;
             return cudaSuccess;
         }
     }
     int c = 0;
-    err = cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev);
+    err = cudaDeviceGetAttribute(&c, attr, dev);
     if (err != cudaSuccess) return err;
-    if (dev >= 0 && dev < kMaxDevices) cache[dev].store(c, std::memory_order_relaxed);
-    *count = c;
+    if (dev >= 0 && dev < kMaxDevices) cache[slot][dev].store(c, std::memory_order_relaxed);
+    *value = c;
     return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t sm_count(int *count) {
+    return cached_attribute(0, cudaDevAttrMultiProcessorCount, count);
+}
+
+cudaError_t compute_major(int *major) {
+    return cached_attribute(1, cudaDevAttrComputeCapabilityMajor, major);
 }
 
 }  // namespace kbit

@@ -26,6 +26,8 @@ inline kbit_status cuda_status(cudaError_t err, const char *what) {
 // enough to fill every SM `per_sm` times, never more than the work needs.
 // Cached per device: cudaGetDevice/cudaDeviceGetAttribute are cheap but not free.
 cudaError_t sm_count(int *count);
+// The current device's compute capability major number (cached per device too).
+cudaError_t compute_major(int *major);
 
 inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
     // A non-sticky error left by the caller's own earlier CUDA call is not ours to

@@ -21,9 +21,11 @@
 //   phase so that a warp's 32 lookups never share a bank. For kbit the pair index comes
 //   from the bit planes by a 4x4 transpose of 2-bit fields (two delta swaps); for
 //   NF4/FP4 it is the packed byte.
-// - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): each lane loads
-//   its own pair indices straight into registers one group ahead; no staging, no
-//   transposes (about half the instructions per weight of the staged path).
+// - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): no transposes
+//   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading its
+//   run of row tiles as one contiguous range through a ring of shared-memory stages that
+//   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
+//   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
 // - Direct (GGUF): each lane decodes its 8 elements with the format's own group decoder
 //   (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
@@ -97,7 +99,7 @@ __device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) 
 template <int kEntries, class Value>
 __device__ void fill_table(uint32_t *table, Value &&value) {
     constexpr int copies = table_copies<kEntries>();
-    for (int e = threadIdx.x; e < kEntries; e += kThreads) {
+    for (int e = threadIdx.x; e < kEntries; e += blockDim.x) {
         const uint32_t v = value(e);
         uint4 *row = reinterpret_cast<uint4 *>(table + e * copies);
 #pragma unroll
@@ -571,9 +573,350 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
     store_tile<T>(acc, r0, m0, m, n_out, bias, y);
 }
 
-// Tiled kbit (formats/kbit_tiled.h): lane (g, t) loads its own 8K-byte segment of each
-// (tile, group) and the 4 scales of rows g and g+8 straight into registers, one group
-// ahead of the one it computes; each pair index is a fixed-position bit field of the
+// Tiled kbit (formats/kbit_tiled.h), streamed: a persistent CTA per SM owns a run of
+// row tiles, whose (tile, group) units lie back to back in memory, and streams them
+// through a ring of shared-memory stages with the bulk copy engine. One producer warp
+// issues each stage as a few cp.async.bulk copies (the stage's units of W, their scales
+// and the x elements they meet) completing on the stage's "full" mbarrier; the 16
+// consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
+// The bytes in flight are the ring's (tens of KB an SM), not the registers', and a CTA
+// reads one contiguous range of W from its first tile to its last. Lane (g, t) reads its
+// segment (or half of it, where two warps share a unit) and rows g and g+8's scales from
+// the stage, takes each pair index as a fixed-position bit field and looks it up in the
+// pair table; the warps' sums of a tile meet in shared memory after its last stage.
+// Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
+// 32-bit arithmetic (bench/RESULTS.md: a version that recomputed them issued 0.21
+// warp-instructions per weight, three times the decode's own).
+constexpr int kStreamWarps = 16;                         // consumer warps
+constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
+constexpr int kStreamMaxStages = 8;
+constexpr int kStreamSmem = 200 * 1024;  // dynamic shared memory: pair table + ring
+
+// One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units].
+// NT = 1 (m <= 8): a unit a warp. NT = 2 (two warps a unit, x rows taking twice the
+// room) measured slower than the register kernel (bench/RESULTS.md, session 7): the
+// launcher runs the latter for m = 9..16, so only NT = 1 is instantiated.
+template <int K, kbit_absmax_format FMT, int NT>
+struct StreamStage {
+    static constexpr int kUnits = NT == 1 ? kStreamWarps : kStreamWarps / 2;
+    static constexpr int kUnitWarps = kStreamWarps / kUnits;
+    static constexpr int kUnitChunks = tiled::kGroupChunks / kUnitWarps;  // chunks a warp
+    static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
+    static constexpr int kUnitW = tiled::kLanes * 8 * K;                        // bytes of W
+    static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * kSB;  // of scales
+    static constexpr int kXUnit = tiled::kGroupChunks * kChunk * 2;  // x bytes of a unit, a row
+    static constexpr int kScales = kUnits * kUnitW;                  // offsets in a stage
+    static constexpr int kX = kScales + kUnits * kUnitS;
+    static constexpr int kXRow = kUnits * kXUnit + 16;  // + 16: rows g and g+1 in other banks
+    static __host__ __device__ constexpr int bytes(int x_rows) { return kX + x_rows * kXRow; }
+};
+
+// ---- mbarriers and the bulk copy engine ----------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits for the phase of the given parity to complete. Returns 0, which the compiler
+// cannot see: adding it to the addresses of what the phase guards keeps the reads of
+// that data (plain asm loads, free to be scheduled) after the wait.
+__device__ __forceinline__ uint32_t mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t zero;
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        "KBIT_WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " @!p bra KBIT_WAIT_%=;\n"
+        " mov.u32 %0, 0;\n}\n"
+        : "=r"(zero)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return zero;
+}
+// Copies `bytes` (a multiple of 16, both addresses on 16 bytes) from global to shared
+// memory and counts them on the mbarrier; `policy`: an L2 cache policy.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint64_t evict_last_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+// The consumer warps' own barrier (the producer warp never joins it).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
+}
+
+// Shared-memory loads at 32-bit addresses, scheduled freely: their addresses carry the
+// dependence on the wait (mbar_wait). ld_shared_v4_if reads only where `on` (else 0).
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t at) {
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_shared_v2(uint32_t at) {
+    uint2 v;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t at) {
+    uint4 v;
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_shared_v4_if(bool on, uint32_t at) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    asm(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n"
+        " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "r"(static_cast<uint32_t>(on)), "r"(at));
+    return v;
+}
+
+// Field f (2K bits) of a run of segment words (f a compile-time constant).
+template <int K, int N>
+__device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f) {
+    if constexpr (K == 4)  // byte fields: one byte permute
+        return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
+    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
+    const uint32_t lo = w[word] >> shift;
+    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
+    return v & ((1u << (2 * K)) - 1u);
+}
+
+// NT: n8 tiles of x rows a CTA takes (8 NT rows): the A fragments decoded once serve NT
+// mma pairs, so m = 9..16 costs little more than m = 8.
+template <class T, int K, kbit_absmax_format FMT, int NT>
+__global__ void __launch_bounds__(kStreamThreads, 1)
+gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
+                  float ts, const float *__restrict__ codebook,
+                  const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                  int64_t n_out, const typename T::storage *__restrict__ bias,
+                  typename T::storage *__restrict__ y, int ring_stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
+#else
+    using Dec = KbitStaged<T, K, FMT>;  // its pair table
+    using St = StreamStage<K, FMT, NT>;
+    constexpr int kSB = St::kSB, kCols = kMaxM * NT, kUnits = St::kUnits;
+    constexpr int kUnitChunks = St::kUnitChunks;
+    extern __shared__ uint4 smem[];
+    uint32_t *table = reinterpret_cast<uint32_t *>(smem);
+    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
+    __shared__ float partial[kStreamWarps][kTileRows][kCols];  // the warps' sums of a tile
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
+    constexpr int copies = table_copies<Dec::kEntries>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    // Groups of a row and stages of a tile fit in 32 bits (k_in < 2^38 elements).
+    const int chunks = static_cast<int>(k_in / kChunk);
+    const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
+    const int stages_per_tile = (groups + kUnits - 1) / kUnits;
+    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
+    const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
+    const int64_t stages = (last - first) * stages_per_tile;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
+    const int x_rows = static_cast<int>(m - m0 < kCols ? m - m0 : kCols);
+    const int stage_bytes = St::bytes(x_rows);
+    const uint32_t ring_at = smem_address(smem) + table_bytes<Dec>();
+    const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ring_stages; ++s) {
+            mbar_init(full_at + 8 * s, 1);
+            mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    // The producer (one lane): stage q is groups [g0, g0 + n) of tile first + q /
+    // stages_per_tile, g0 = kUnits (q % stages_per_tile), in slot q % ring_stages; it
+    // waits for the slot's release from its last round before reusing it. The first round
+    // goes out before the pair table is filled, the rest after.
+    const bool producer = warp == kStreamWarps;
+    const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
+    const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
+    int p_slot = 0, p_g0 = 0;
+    uint32_t p_phase = 0;
+    int64_t p_unit = first * groups, issued = 0;  // p_unit: stage `issued`'s first unit
+    auto produce = [&](int64_t until) {
+        for (; issued < until; ++issued) {
+            if (issued >= ring_stages) mbar_wait(empty_at + 8 * p_slot, p_phase ^ 1u);
+            const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
+            const int x_elems = min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
+            const uint32_t bar = full_at + 8 * p_slot, dst = ring_at + p_slot * stage_bytes;
+            mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
+            bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
+            bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
+                      w_policy);
+            for (int i = 0; i < x_rows; ++i)
+                bulk_copy(dst + St::kX + i * St::kXRow, xb + (i * k_in + p_g0 * 128) * 2,
+                          x_elems * 2, bar, x_policy);
+            p_unit += n;
+            if (++p_slot == ring_stages) p_slot = 0, p_phase ^= 1u;
+            if ((p_g0 += kUnits) >= groups) p_g0 = 0;
+        }
+    };
+    if (producer && lane == 0) produce(stages < ring_stages ? stages : ring_stages);
+
+    const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
+    if constexpr (FMT == KBIT_ABSMAX_E4M4)
+        for (int c = threadIdx.x; c < 256; c += blockDim.x) e4m4_scale[c] = e4m4_decode(c) * scale_mul;
+    __syncthreads();
+    if (producer) {
+        if (lane == 0) produce(stages);
+        return;
+    }
+
+    // The consumers. Warp w takes chunks [c0, c0 + kUnitChunks) of the stage's unit u.
+    const auto my_table = lane_table<copies>(table);
+    const int u = warp / St::kUnitWarps, c0 = (warp % St::kUnitWarps) * kUnitChunks;
+    const uint32_t seg_at = ring_at + u * St::kUnitW + lane * 8 * K + c0 * 2 * K;
+    const uint32_t sc_at = ring_at + St::kScales + u * St::kUnitS + (g * tiled::kGroupChunks + c0) * kSB;
+    const uint32_t x_at = ring_at + St::kX + g * St::kXRow + u * St::kXUnit + c0 * kChunk * 2 + t * 16;
+    bool has_x[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) has_x[n] = g + 8 * n < x_rows;
+    // The scales of the warp's chunks, a row: kUnitChunks of kSB bytes in one or two words.
+    constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
+    auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
+        if constexpr (kScaleBytes == 2) {
+            uint16_t v;
+            asm("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
+            s[0] = v;
+        } else if constexpr (kScaleBytes == 4) {
+            s[0] = ld_shared_u32(at);
+        } else if constexpr (kScaleBytes == 8) {
+            const uint2 v = ld_shared_v2(at);
+            s[0] = v.x, s[1] = v.y;
+        } else {
+            const uint4 v = ld_shared_v4(at);
+            s[0] = v.x, s[1] = v.y, s[2] = v.z, s[3] = v.w;
+        }
+    };
+    auto chunk_scale = [&](const uint32_t (&s)[kScaleWords], int v) {
+        if constexpr (kSB == 1) return e4m4_scale[(s[0] >> (8 * v)) & 0xFFu];
+        else if constexpr (kSB == 2)
+            return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * scale_mul;
+        else return __uint_as_float(s[v]) * scale_mul;
+    };
+
+    float acc[NT][4] = {};
+    int slot = 0, g0 = 0;
+    uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
+    int64_t tile = first;
+    for (int64_t q = 0; q < stages; ++q) {
+        // chunks of the warp's part that hold elements of k_in (<= 0: none, or no unit)
+        const int left = chunks - (g0 + u) * tiled::kGroupChunks - c0;
+        const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);  // the stage
+        if (left > 0 && g0 + u < groups) {
+            uint32_t w[2 * K * kUnitChunks / 4];  // the warp's part of the lane's segment
+            if constexpr (sizeof(w) == 16) {
+                const uint4 v = ld_shared_v4(seg_at + at);
+                w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+            } else if constexpr (sizeof(w) % 16 == 0) {
+#pragma unroll
+                for (int h = 0; h < static_cast<int>(sizeof(w)) / 16; ++h) {
+                    const uint4 v = ld_shared_v4(seg_at + at + 16 * h);
+                    w[4 * h] = v.x, w[4 * h + 1] = v.y, w[4 * h + 2] = v.z, w[4 * h + 3] = v.w;
+                }
+            } else if constexpr (sizeof(w) % 8 == 0) {  // on 8 bytes: 8K a lane, 2K a chunk
+#pragma unroll
+                for (int h = 0; h < static_cast<int>(sizeof(w)) / 8; ++h) {
+                    const uint2 v = ld_shared_v2(seg_at + at + 8 * h);
+                    w[2 * h] = v.x, w[2 * h + 1] = v.y;
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < static_cast<int>(sizeof(w)) / 4; ++h)
+                    w[h] = ld_shared_u32(seg_at + at + 4 * h);
+            }
+            uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
+            load_scales(sc_at + at, sa);
+            load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
+            auto one = [&](int v) {  // the warp's chunk v
+                uint32_t pa[4], pb[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    pa[i] = my_table[segment_field<K>(w, (2 * v) * 4 + i)];
+                    pb[i] = my_table[segment_field<K>(w, (2 * v + 1) * 4 + i)];
+                }
+                const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const uint4 xv = ld_shared_v4_if(has_x[n], x_at + at + 8 * n * St::kXRow +
+                                                                   v * kChunk * 2);
+                    chunk_mma<T>(pa, pb, xv, fa, fb, acc[n]);
+                }
+            };
+            if (left >= kUnitChunks) {  // every part but a row's last: no per-chunk branch
+#pragma unroll
+                for (int v = 0; v < kUnitChunks; ++v) one(v);
+            } else {
+#pragma unroll
+                for (int v = 0; v < kUnitChunks; ++v)
+                    if (v < left) one(v);
+            }
+        }
+        mbar_arrive(empty_at + 8 * slot);  // each lane releases its own reads of the slot
+        if (++slot == ring_stages) slot = 0, slot_at = 0, phase ^= 1u;
+        else slot_at += stage_bytes;
+        if ((g0 += kUnits) < groups) continue;
+
+        // The tile's last stage: its sums meet, y.
+        g0 = 0;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            partial[warp][g][8 * n + 2 * t] = acc[n][0];
+            partial[warp][g][8 * n + 2 * t + 1] = acc[n][1];
+            partial[warp][g + 8][8 * n + 2 * t] = acc[n][2];
+            partial[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
+            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        }
+        consumers_sync();
+        for (int j = threadIdx.x; j < kTileRows * kCols; j += kStreamWarps * 32) {
+            const int row = j / kCols, col = j % kCols;
+            const int64_t r = tile * kTileRows + row, i = m0 + col;
+            if (r < n_out && col < x_rows) {
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kStreamWarps; ++w) v += partial[w][row][col];
+                if (bias) v += load_f32(T{}, bias[r]);
+                y[i * n_out + r] = store_cast(T{}, v);
+            }
+        }
+        consumers_sync();  // the partial sums are read before the next tile's
+        ++tile;
+    }
+#endif
+}
+
+// Tiled kbit (formats/kbit_tiled.h), from registers (m = 9..16, where it measured faster
+// than the streamed kernel below: bench/RESULTS.md): a CTA of 8 warps per row tile, lane
+// (g, t) loads its own 8K-byte segment of each (tile, group) and the 4 scales of rows g
+// and g+8 straight into registers, one group ahead of the one it computes; each pair index is a fixed-position bit field of the
 // segment, so a pair costs a field extraction, an address and a table read. No shared
 // memory staging, no bit-plane transposes (the repack did them once).
 template <int K, kbit_absmax_format FMT, int NT>
@@ -584,21 +927,11 @@ struct TiledGroup {
     uint4 x[NT][4];      // x rows g + 8 n, elements 8t .. 8t+7 of the group's 4 chunks
 };
 
-template <int K>
-__device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[2 * K], int f) {
-    if constexpr (K == 4)  // byte fields: one byte permute
-        return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
-    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;  // f is a constant
-    const uint32_t lo = w[word] >> shift;
-    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
-    return v & ((1u << (2 * K)) - 1u);
-}
-
 // NT: n8 tiles of x rows a CTA takes (8 NT rows): the A fragments decoded once serve NT
-// mma pairs, so m = 9..16 costs little more than m = 8.
+// mma pairs.
 template <class T, int K, kbit_absmax_format FMT, int NT>
 __global__ void __launch_bounds__(kThreads)
-gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
+gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
                   int64_t n_out, const typename T::storage *__restrict__ bias,
@@ -717,6 +1050,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         if (n > 0) __syncthreads();  // store_tile's shared partials are reused
         store_tile<T>(acc[n], r0, m0 + 8 * n, m, n_out, bias, y);
     }
+}
+
+// Ring stages for a stage of `stage_bytes` beside a pair table of `table` bytes.
+inline int stream_stages(int table, int stage_bytes) {
+    const int s = (kStreamSmem - table) / stage_bytes;
+    return s < kStreamMaxStages ? s : kStreamMaxStages;
 }
 
 // One thread per (segment, lane): the lane's segment from the stored words (tile) or back
@@ -1031,24 +1370,45 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     constexpr int K = kc.value;
                     constexpr kbit_absmax_format F = decltype(f)::value;
                     using S = typename T::storage;
-                    const int smem = table_bytes<KbitStaged<T, K, F>>();
-                    // 8 rows of x a pass, or 16 (two n8 tiles on one decode) from m = 9
-                    auto run = [&](auto nt) {
-                        constexpr int NT = decltype(nt)::value;
-                        err = allow_smem<gemv_tiled_kernel<T, K, F, NT>>(smem);
+                    int major = 0;
+                    err = compute_major(&major);
+                    if (err != cudaSuccess) return;
+                    if (m <= kMaxM && major >= 9) {  // streamed: a persistent CTA an SM
+                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, 1>;
+                        const int x_rows = static_cast<int>(m);
+                        const int table = table_bytes<KbitStaged<T, K, F>>();
+                        const int stage = StreamStage<K, F, 1>::bytes(x_rows);
+                        const int ring = stream_stages(table, stage);
+                        err = allow_smem<kernel>(kStreamSmem);
+                        int ctas = 0;
+                        if (err == cudaSuccess)
+                            err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
                         if (err != cudaSuccess) return;
-                        cudaGetLastError();
-                        const dim3 grid(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
-                                        static_cast<unsigned>(blocks_of(m, kMaxM * NT)));
-                        gemv_tiled_kernel<T, K, F, NT><<<grid, kThreads, smem, stream>>>(
+                        kernel<<<ctas, kStreamThreads, table + ring * stage, stream>>>(
                             static_cast<const uint8_t *>(tiled_packed),
                             static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
                             static_cast<const S *>(x), m, k_in, n_out,
-                            static_cast<const S *>(bias), static_cast<S *>(y));
-                        err = launch_error();
-                    };
-                    if (m > kMaxM) run(std::integral_constant<int, 2>{});
-                    else run(std::integral_constant<int, 1>{});
+                            static_cast<const S *>(bias), static_cast<S *>(y), ring);
+                    } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
+                        auto regs = [&](auto nt) {
+                            constexpr int NT = decltype(nt)::value;
+                            constexpr auto kernel = gemv_tiled_regs_kernel<T, K, F, NT>;
+                            const int smem = table_bytes<KbitStaged<T, K, F>>();
+                            err = allow_smem<kernel>(smem);
+                            if (err != cudaSuccess) return;
+                            cudaGetLastError();
+                            const dim3 grid(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
+                                            static_cast<unsigned>(blocks_of(m, kMaxM * NT)));
+                            kernel<<<grid, kThreads, smem, stream>>>(
+                                static_cast<const uint8_t *>(tiled_packed),
+                                static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
+                                static_cast<const S *>(x), m, k_in, n_out,
+                                static_cast<const S *>(bias), static_cast<S *>(y));
+                        };
+                        if (m > kMaxM) regs(std::integral_constant<int, 2>{});
+                        else regs(std::integral_constant<int, 1>{});
+                    }
+                    err = launch_error();
                 });
                 return KBIT_SUCCESS;
             });
