@@ -587,10 +587,11 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
 // 32-bit arithmetic (bench/RESULTS.md: a version that recomputed them issued 0.21
 // warp-instructions per weight, three times the decode's own).
-constexpr int kStreamWarps = 16;                         // consumer warps
+constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
 constexpr int kStreamMaxStages = 8;
-constexpr int kStreamSmem = 200 * 1024;  // dynamic shared memory: pair table + ring
+// dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
+constexpr int kStreamSmem = 208 * 1024;
 
 // One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units].
 // NT = 1 (m <= 8): a unit a warp. NT = 2 (two warps a unit, x rows taking twice the
@@ -1373,12 +1374,12 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     int major = 0;
                     err = compute_major(&major);
                     if (err != cudaSuccess) return;
-                    if (m <= kMaxM && major >= 9) {  // streamed: a persistent CTA an SM
+                    // streamed: a persistent CTA an SM, with a ring of two stages or more
+                    const int table = table_bytes<KbitStaged<T, K, F>>();
+                    const int stage = StreamStage<K, F, 1>::bytes(static_cast<int>(m < kMaxM ? m : kMaxM));
+                    const int ring = stream_stages(table, stage);
+                    if (m <= kMaxM && major >= 9 && ring >= 2) {
                         constexpr auto kernel = gemv_tiled_kernel<T, K, F, 1>;
-                        const int x_rows = static_cast<int>(m);
-                        const int table = table_bytes<KbitStaged<T, K, F>>();
-                        const int stage = StreamStage<K, F, 1>::bytes(x_rows);
-                        const int ring = stream_stages(table, stage);
                         err = allow_smem<kernel>(kStreamSmem);
                         int ctas = 0;
                         if (err == cudaSuccess)
