@@ -575,7 +575,7 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 
 // Tiled kbit (formats/kbit_tiled.h), streamed: a persistent CTA per SM owns a run of
 // row tiles, whose (tile, group) units lie back to back in memory, and streams them
-// through a ring of shared-memory stages with the bulk copy engine. One producer warp
+// through a ring of shared-memory stages with the bulk copy engine. One producer lane
 // issues each stage as a few cp.async.bulk copies (the stage's units of W, their scales
 // and the x elements they meet) completing on the stage's "full" mbarrier; the 16
 // consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
@@ -585,8 +585,8 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // the stage, takes each pair index as a fixed-position bit field and looks it up in the
 // pair table; the warps' sums of a tile meet in shared memory after its last stage.
 // Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
-// 32-bit arithmetic (bench/RESULTS.md: a version that recomputed them issued 0.21
-// warp-instructions per weight, three times the decode's own).
+// 32-bit arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued
+// 0.21 warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
 constexpr int kStreamMaxStages = 8;
