@@ -81,8 +81,7 @@ def run(device="cpu", ks=(2, 3, 4, 5)):
 
 def _bits(layer) -> float:
     w = layer.weight
-    extra = 0 if getattr(w, "codebook", None) is None else w.codebook.nbytes
-    return (w.nbytes + extra) * 8
+    return getattr(w, "total_nbytes", w.nbytes) * 8
 
 
 def main(argv=None):

@@ -313,3 +313,17 @@ def test_gpu_weighted_fit_equals_host(rng):
         kbit.fit_codebook(xd, 4, importance=-wd)
     with pytest.raises(KbitError, match="on the device but importance is not"):
         kbit.fit_codebook(xd, 4, importance=w)
+
+
+def test_total_nbytes_counts_a_custom_codebook():
+    """total_nbytes: codes + scales, plus the 2^k float32 entries of a custom book (the
+    built-in book is not stored); the same for the tiled layout."""
+    x = np.random.default_rng(5).standard_normal((64, 96)).astype(np.float32)
+    for k in (2, 5):
+        plain = kbit.quantize(x, k=k)
+        assert plain.codebook is None and plain.total_nbytes == plain.nbytes
+        fitted = kbit.quantize(x, k=k, codebook="fit")
+        assert fitted.codebook is not None and fitted.codebook.nbytes == 4 << k
+        assert fitted.total_nbytes == fitted.nbytes + (4 << k)
+        tiled = kbit.tile(fitted)
+        assert tiled.total_nbytes == tiled.nbytes + (4 << k)

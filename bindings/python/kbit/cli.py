@@ -97,7 +97,7 @@ def cmd_quantize(args) -> int:
         except KbitError as e:
             raise KbitError(f"tensor {name!r}: {e}", e.status) from e
         out[name] = q
-        after += q.nbytes + (0 if getattr(q, "codebook", None) is None else q.codebook.nbytes)
+        after += getattr(q, "total_nbytes", q.nbytes)
         quantized += 1
     kbit.save(out, args.output, metadata={"kbit.source": os.path.basename(args.input)},
               progress=not args.quiet and len(out) > 16)
@@ -147,9 +147,8 @@ def _describe(v) -> tuple[str, tuple, int, float | None]:
     if isinstance(v, (kbit.QuantizedTensor, kbit.TiledTensor)):
         book = "custom book" if v.codebook is not None else "default book"
         layout = " tiled" if isinstance(v, kbit.TiledTensor) else ""
-        extra = 0 if v.codebook is None else 4 << v.k
         return (f"kbit{layout} K={v.k} {v.absmax_format} ({book})", tuple(v.shape),
-                v.nbytes + extra, v.bits_per_element)
+                v.total_nbytes, v.bits_per_element)
     if isinstance(v, kbit.Quantized4bit):
         nested = " nested" if v.nested else ""
         return (f"{v.quant_type.upper()} bs{v.blocksize}{nested}", tuple(v.shape), v.nbytes,
@@ -245,7 +244,7 @@ def cmd_report(args) -> int:
                 q = kbit.quantize(x, k=spec["k"], absmax=args.absmax, codebook=args.codebook,
                                   dtype=host_dtype)
                 y = kbit.dequantize(q, dtype="float32")
-                bits = (q.nbytes + (0 if q.codebook is None else q.codebook.nbytes)) * 8 / q.n
+                bits = q.total_nbytes * 8 / q.n
             else:
                 q = kbit.quantize_4bit(x, quant_type=spec["format"], blocksize=args.blocksize,
                                        dtype=host_dtype)

@@ -38,6 +38,12 @@ class KbitFields(QuantizedBase):
     tensor_scale: float = 1.0
     codebook: np.ndarray | None = None
 
+    @property
+    def total_nbytes(self) -> int:
+        """nbytes plus the custom codebook's (2^k float32 values; 0 for the built-in one):
+        everything a checkpoint stores for this tensor."""
+        return self.nbytes + (0 if self.codebook is None else 4 << self.k)
+
 
 @dataclass
 class QuantizedTensor(KbitFields):
