@@ -581,7 +581,7 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
 // The bytes in flight are the ring's (tens of KB an SM), not the registers', and a CTA
 // reads one contiguous range of W from its first tile to its last. Lane (g, t) reads its
-// segment (or half of it, where two warps share a unit) and rows g and g+8's scales from
+// segment and rows g and g+8's scales from
 // the stage, takes each pair index as a fixed-position bit field and looks it up in the
 // pair table; the warps' sums of a tile meet in shared memory after its last stage.
 // Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
@@ -593,15 +593,12 @@ constexpr int kStreamMaxStages = 8;
 // dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
 constexpr int kStreamSmem = 208 * 1024;
 
-// One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units].
-// NT = 1 (m <= 8): a unit a warp. NT = 2 (two warps a unit, x rows taking twice the
-// room) measured slower than the register kernel (bench/RESULTS.md, session 7): the
-// launcher runs the latter for m = 9..16, so only NT = 1 is instantiated.
-template <int K, kbit_absmax_format FMT, int NT>
+// One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units],
+// a unit a consumer warp. (Two warps a unit, for m = 9..16, measured slower than the
+// register kernel: bench/RESULTS.md, session 7.)
+template <int K, kbit_absmax_format FMT>
 struct StreamStage {
-    static constexpr int kUnits = NT == 1 ? kStreamWarps : kStreamWarps / 2;
-    static constexpr int kUnitWarps = kStreamWarps / kUnits;
-    static constexpr int kUnitChunks = tiled::kGroupChunks / kUnitWarps;  // chunks a warp
+    static constexpr int kUnits = kStreamWarps;
     static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
     static constexpr int kUnitW = tiled::kLanes * 8 * K;                        // bytes of W
     static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * kSB;  // of scales
@@ -705,9 +702,8 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f)
     return v & ((1u << (2 * K)) - 1u);
 }
 
-// NT: n8 tiles of x rows a CTA takes (8 NT rows): the A fragments decoded once serve NT
-// mma pairs, so m = 9..16 costs little more than m = 8.
-template <class T, int K, kbit_absmax_format FMT, int NT>
+// Up to 8 rows of x (one n8 tile).
+template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -718,9 +714,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
     using Dec = KbitStaged<T, K, FMT>;  // its pair table
-    using St = StreamStage<K, FMT, NT>;
-    constexpr int kSB = St::kSB, kCols = kMaxM * NT, kUnits = St::kUnits;
-    constexpr int kUnitChunks = St::kUnitChunks;
+    using St = StreamStage<K, FMT>;
+    constexpr int kSB = St::kSB, kCols = kMaxM, kUnits = St::kUnits;
+    constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
     __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
@@ -791,16 +787,13 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         return;
     }
 
-    // The consumers. Warp w takes chunks [c0, c0 + kUnitChunks) of the stage's unit u.
+    // The consumers: warp w takes unit w of each stage.
     const auto my_table = lane_table<copies>(table);
-    const int u = warp / St::kUnitWarps, c0 = (warp % St::kUnitWarps) * kUnitChunks;
-    const uint32_t seg_at = ring_at + u * St::kUnitW + lane * 8 * K + c0 * 2 * K;
-    const uint32_t sc_at = ring_at + St::kScales + u * St::kUnitS + (g * tiled::kGroupChunks + c0) * kSB;
-    const uint32_t x_at = ring_at + St::kX + g * St::kXRow + u * St::kXUnit + c0 * kChunk * 2 + t * 16;
-    bool has_x[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) has_x[n] = g + 8 * n < x_rows;
-    // The scales of the warp's chunks, a row: kUnitChunks of kSB bytes in one or two words.
+    const uint32_t seg_at = ring_at + warp * St::kUnitW + lane * 8 * K;
+    const uint32_t sc_at = ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB;
+    const uint32_t x_at = ring_at + St::kX + g * St::kXRow + warp * St::kXUnit + t * 16;
+    const bool has_x = g < x_rows;
+    // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
         if constexpr (kScaleBytes == 2) {
@@ -824,16 +817,16 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         else return __uint_as_float(s[v]) * scale_mul;
     };
 
-    float acc[NT][4] = {};
+    float acc[4] = {};
     int slot = 0, g0 = 0;
     uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
     int64_t tile = first;
     for (int64_t q = 0; q < stages; ++q) {
-        // chunks of the warp's part that hold elements of k_in (<= 0: none, or no unit)
-        const int left = chunks - (g0 + u) * tiled::kGroupChunks - c0;
+        // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
+        const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
         const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);  // the stage
-        if (left > 0 && g0 + u < groups) {
-            uint32_t w[2 * K * kUnitChunks / 4];  // the warp's part of the lane's segment
+        if (left > 0 && g0 + warp < groups) {
+            uint32_t w[2 * K];  // the lane's segment
             if constexpr (sizeof(w) == 16) {
                 const uint4 v = ld_shared_v4(seg_at + at);
                 w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
@@ -857,7 +850,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
             load_scales(sc_at + at, sa);
             load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
-            auto one = [&](int v) {  // the warp's chunk v
+            auto one = [&](int v) {  // chunk v of the unit
                 uint32_t pa[4], pb[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -865,14 +858,10 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                     pb[i] = my_table[segment_field<K>(w, (2 * v + 1) * 4 + i)];
                 }
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    const uint4 xv = ld_shared_v4_if(has_x[n], x_at + at + 8 * n * St::kXRow +
-                                                                   v * kChunk * 2);
-                    chunk_mma<T>(pa, pb, xv, fa, fb, acc[n]);
-                }
+                const uint4 xv = ld_shared_v4_if(has_x, x_at + at + v * kChunk * 2);
+                chunk_mma<T>(pa, pb, xv, fa, fb, acc);
             };
-            if (left >= kUnitChunks) {  // every part but a row's last: no per-chunk branch
+            if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
                 for (int v = 0; v < kUnitChunks; ++v) one(v);
             } else {
@@ -888,14 +877,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
         // The tile's last stage: its sums meet, y.
         g0 = 0;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            partial[warp][g][8 * n + 2 * t] = acc[n][0];
-            partial[warp][g][8 * n + 2 * t + 1] = acc[n][1];
-            partial[warp][g + 8][8 * n + 2 * t] = acc[n][2];
-            partial[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
-            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        }
+        partial[warp][g][2 * t] = acc[0];
+        partial[warp][g][2 * t + 1] = acc[1];
+        partial[warp][g + 8][2 * t] = acc[2];
+        partial[warp][g + 8][2 * t + 1] = acc[3];
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
         consumers_sync();
         for (int j = threadIdx.x; j < kTileRows * kCols; j += kStreamWarps * 32) {
             const int row = j / kCols, col = j % kCols;
@@ -915,11 +901,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 }
 
 // Tiled kbit (formats/kbit_tiled.h), from registers (m = 9..16, where it measured faster
-// than the streamed kernel below: bench/RESULTS.md): a CTA of 8 warps per row tile, lane
-// (g, t) loads its own 8K-byte segment of each (tile, group) and the 4 scales of rows g
-// and g+8 straight into registers, one group ahead of the one it computes; each pair index is a fixed-position bit field of the
-// segment, so a pair costs a field extraction, an address and a table read. No shared
-// memory staging, no bit-plane transposes (the repack did them once).
+// than the streamed kernel above: bench/RESULTS.md; and GPUs before sm_90): a CTA of 8
+// warps per row tile, lane (g, t) loads its own 8K-byte segment of each (tile, group)
+// and the 4 scales of rows g and g+8 straight into registers, one group ahead of the one
+// it computes; each pair index is a fixed-position bit field of the segment, so a pair
+// costs a field extraction, an address and a table read.
 template <int K, kbit_absmax_format FMT, int NT>
 struct TiledGroup {
     static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
@@ -1376,10 +1362,10 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (err != cudaSuccess) return;
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     const int table = table_bytes<KbitStaged<T, K, F>>();
-                    const int stage = StreamStage<K, F, 1>::bytes(static_cast<int>(m < kMaxM ? m : kMaxM));
+                    const int stage = StreamStage<K, F>::bytes(static_cast<int>(m < kMaxM ? m : kMaxM));
                     const int ring = stream_stages(table, stage);
                     if (m <= kMaxM && major >= 9 && ring >= 2) {
-                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, 1>;
+                        constexpr auto kernel = gemv_tiled_kernel<T, K, F>;
                         err = allow_smem<kernel>(kStreamSmem);
                         int ctas = 0;
                         if (err == cudaSuccess)
