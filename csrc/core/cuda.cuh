@@ -78,6 +78,54 @@ __device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
     return *reinterpret_cast<const uint32_t *>(&h);
 }
 
+// Shared-memory loads at 32-bit shared addresses (__cvta_generic_to_shared). Plain asm,
+// so the compiler schedules them freely: data that a barrier guards must carry the
+// dependence in the address (see mbar_wait in csrc/matmul/gemv.cu). lds_u32x4_if reads
+// only where `on`, else gives zeros.
+__device__ __forceinline__ uint16_t lds_u16(uint32_t at) {
+    uint16_t v;
+    asm("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds_u32(uint32_t at) {
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint2 lds_u32x2(uint32_t at) {
+    uint2 v;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint4 lds_u32x4(uint32_t at) {
+    uint4 v;
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(at));
+    return v;
+}
+__device__ __forceinline__ uint4 lds_u32x4_if(bool on, uint32_t at) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    asm(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n"
+        " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "r"(static_cast<uint32_t>(on)), "r"(at));
+    return v;
+}
+__device__ __forceinline__ float2 lds_float2(uint32_t at) {
+    float2 v;
+    asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ float4 lds_float4(uint32_t at) {
+    float4 v;
+    asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "r"(at));
+    return v;
+}
+
 // After a launch: the launch's own error, if any.
 inline cudaError_t launch_error() { return cudaGetLastError(); }
 

@@ -83,9 +83,7 @@ template <int kCopies>
 struct LaneTable {
     uint32_t base;  // shared address of entry 0 of this lane's copy
     __device__ __forceinline__ uint32_t operator[](uint32_t idx) const {
-        uint32_t v;
-        asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(base + idx * (4 * kCopies)));
-        return v;
+        return lds_u32(base + idx * (4 * kCopies));
     }
 };
 template <int kCopies>
@@ -662,35 +660,6 @@ __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
 }
 
-// Shared-memory loads at 32-bit addresses, scheduled freely: their addresses carry the
-// dependence on the wait (mbar_wait). ld_shared_v4_if reads only where `on` (else 0).
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t at) {
-    uint32_t v;
-    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(at));
-    return v;
-}
-__device__ __forceinline__ uint2 ld_shared_v2(uint32_t at) {
-    uint2 v;
-    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(at));
-    return v;
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t at) {
-    uint4 v;
-    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "r"(at));
-    return v;
-}
-__device__ __forceinline__ uint4 ld_shared_v4_if(bool on, uint32_t at) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    asm(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n"
-        " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "r"(static_cast<uint32_t>(on)), "r"(at));
-    return v;
-}
-
 // Field f (2K bits) of a run of segment words (f a compile-time constant).
 template <int K, int N>
 __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f) {
@@ -797,16 +766,14 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
         if constexpr (kScaleBytes == 2) {
-            uint16_t v;
-            asm("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
-            s[0] = v;
+            s[0] = lds_u16(at);
         } else if constexpr (kScaleBytes == 4) {
-            s[0] = ld_shared_u32(at);
+            s[0] = lds_u32(at);
         } else if constexpr (kScaleBytes == 8) {
-            const uint2 v = ld_shared_v2(at);
+            const uint2 v = lds_u32x2(at);
             s[0] = v.x, s[1] = v.y;
         } else {
-            const uint4 v = ld_shared_v4(at);
+            const uint4 v = lds_u32x4(at);
             s[0] = v.x, s[1] = v.y, s[2] = v.z, s[3] = v.w;
         }
     };
@@ -828,24 +795,24 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         if (left > 0 && g0 + warp < groups) {
             uint32_t w[2 * K];  // the lane's segment
             if constexpr (sizeof(w) == 16) {
-                const uint4 v = ld_shared_v4(seg_at + at);
+                const uint4 v = lds_u32x4(seg_at + at);
                 w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
             } else if constexpr (sizeof(w) % 16 == 0) {
 #pragma unroll
                 for (int h = 0; h < static_cast<int>(sizeof(w)) / 16; ++h) {
-                    const uint4 v = ld_shared_v4(seg_at + at + 16 * h);
+                    const uint4 v = lds_u32x4(seg_at + at + 16 * h);
                     w[4 * h] = v.x, w[4 * h + 1] = v.y, w[4 * h + 2] = v.z, w[4 * h + 3] = v.w;
                 }
             } else if constexpr (sizeof(w) % 8 == 0) {  // on 8 bytes: 8K a lane, 2K a chunk
 #pragma unroll
                 for (int h = 0; h < static_cast<int>(sizeof(w)) / 8; ++h) {
-                    const uint2 v = ld_shared_v2(seg_at + at + 8 * h);
+                    const uint2 v = lds_u32x2(seg_at + at + 8 * h);
                     w[2 * h] = v.x, w[2 * h + 1] = v.y;
                 }
             } else {
 #pragma unroll
                 for (int h = 0; h < static_cast<int>(sizeof(w)) / 4; ++h)
-                    w[h] = ld_shared_u32(seg_at + at + 4 * h);
+                    w[h] = lds_u32(seg_at + at + 4 * h);
             }
             uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
             load_scales(sc_at + at, sa);
@@ -858,7 +825,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                     pb[i] = my_table[segment_field<K>(w, (2 * v + 1) * 4 + i)];
                 }
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
-                const uint4 xv = ld_shared_v4_if(has_x, x_at + at + v * kChunk * 2);
+                const uint4 xv = lds_u32x4_if(has_x, x_at + at + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc);
             };
             if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch

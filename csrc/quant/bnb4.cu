@@ -265,11 +265,8 @@ __device__ __forceinline__ uint32_t biased_buckets(const Bucket *tab) {
     return __shfl_sync(kFull, at - kRoundMagicBits * kBucketStride, lane);
 }
 __device__ __forceinline__ Bucket lookup(uint32_t tab_at, uint32_t bits) {
-    float thr, base;
-    asm("ld.shared.v2.f32 {%0, %1}, [%2];"
-        : "=f"(thr), "=f"(base)
-        : "r"(tab_at + bits * kBucketStride));
-    return Bucket{thr, base};
+    const float2 e = lds_float2(tab_at + bits * kBucketStride);
+    return Bucket{e.x, e.y};
 }
 
 // 1.0f when a > b, else 0.0f (also for NaN): one FSET.

@@ -217,18 +217,6 @@ __device__ __forceinline__ uint32_t biased_bins(const Table &t) {
         __cvta_generic_to_shared(&t.bins[0][(threadIdx.x & 31) % Table::kCopies]));
     return __shfl_sync(kFull, at - kBinBias * stride, threadIdx.x & 31);
 }
-__device__ __forceinline__ float2 lds_float2(uint32_t addr) {
-    float2 v;
-    asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-    return v;
-}
-__device__ __forceinline__ float4 lds_float4(uint32_t addr) {
-    float4 v;
-    asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-        : "r"(addr));
-    return v;
-}
 
 // A lane's view of its CTA's table for the lookups.
 template <int K, bool WithValue>
