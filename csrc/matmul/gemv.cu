@@ -339,27 +339,34 @@ __device__ __forceinline__ void chunk_mma(const uint32_t (&pa)[4], const uint32_
     acc[3] = fmaf(sb, c[3], acc[3]);
 }
 
-// The warps' partial sums of the CTA's 16 x 8 tile, added in a fixed order; bias, one
-// rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns 2t, 2t+1).
-template <class T>
+// A CTA-wide barrier (the default of store_tile).
+struct CtaSync {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+// The partial sums of kW warps (threads 0 .. 32 kW - 1) of a 16 x 8 tile, added in a
+// fixed order; bias, one rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns
+// 2t, 2t+1). sync: the barrier of those warps. Before its next call, the warps must meet
+// again (its shared partial sums are reused).
+template <class T, int kW = kWarps, class Sync = CtaSync>
 __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t r0, int64_t m0,
                                            int64_t m, int64_t n_out,
                                            const typename T::storage *bias,
-                                           typename T::storage *y) {
-    __shared__ float partial[kWarps][kTileRows][kMaxM];
+                                           typename T::storage *y, Sync sync = {}) {
+    __shared__ float partial[kW][kTileRows][kMaxM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     partial[warp][g][2 * t] = acc[0];
     partial[warp][g][2 * t + 1] = acc[1];
     partial[warp][g + 8][2 * t] = acc[2];
     partial[warp][g + 8][2 * t + 1] = acc[3];
-    __syncthreads();
+    sync();
     if (threadIdx.x < kTileRows * kMaxM) {
         const int row = threadIdx.x / kMaxM, col = threadIdx.x % kMaxM;
         const int64_t r = r0 + row, i = m0 + col;
         if (r < n_out && i < m) {
             float v = 0.0f;
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w) v += partial[w][row][col];
+            for (int w = 0; w < kW; ++w) v += partial[w][row][col];
             if (bias) v += load_f32(T{}, bias[r]);
             y[i * n_out + r] = store_cast(T{}, v);
         }
@@ -659,6 +666,9 @@ __device__ __forceinline__ uint64_t evict_last_policy() {
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
 }
+struct ConsumersSync {
+    __device__ __forceinline__ void operator()() const { consumers_sync(); }
+};
 
 // Field f (2K bits) of a run of segment words (f a compile-time constant).
 template <int K, int N>
@@ -684,12 +694,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #else
     using Dec = KbitStaged<T, K, FMT>;  // its pair table
     using St = StreamStage<K, FMT>;
-    constexpr int kSB = St::kSB, kCols = kMaxM, kUnits = St::kUnits;
+    constexpr int kSB = St::kSB, kUnits = St::kUnits;
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
     __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
-    __shared__ float partial[kStreamWarps][kTileRows][kCols];  // the warps' sums of a tile
     __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -702,8 +711,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
     const int64_t stages = (last - first) * stages_per_tile;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
-    const int x_rows = static_cast<int>(m - m0 < kCols ? m - m0 : kCols);
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
+    const int x_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
     const int stage_bytes = St::bytes(x_rows);
     const uint32_t ring_at = smem_address(smem) + table_bytes<Dec>();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
@@ -844,23 +853,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
         // The tile's last stage: its sums meet, y.
         g0 = 0;
-        partial[warp][g][2 * t] = acc[0];
-        partial[warp][g][2 * t + 1] = acc[1];
-        partial[warp][g + 8][2 * t] = acc[2];
-        partial[warp][g + 8][2 * t + 1] = acc[3];
+        store_tile<T, kStreamWarps>(acc, tile * kTileRows, m0, m, n_out, bias, y,
+                                    ConsumersSync{});
         acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-        consumers_sync();
-        for (int j = threadIdx.x; j < kTileRows * kCols; j += kStreamWarps * 32) {
-            const int row = j / kCols, col = j % kCols;
-            const int64_t r = tile * kTileRows + row, i = m0 + col;
-            if (r < n_out && col < x_rows) {
-                float v = 0.0f;
-#pragma unroll
-                for (int w = 0; w < kStreamWarps; ++w) v += partial[w][row][col];
-                if (bias) v += load_f32(T{}, bias[r]);
-                y[i * n_out + r] = store_cast(T{}, v);
-            }
-        }
         consumers_sync();  // the partial sums are read before the next tile's
         ++tile;
     }
