@@ -327,3 +327,5 @@ def test_total_nbytes_counts_a_custom_codebook():
         assert fitted.total_nbytes == fitted.nbytes + (4 << k)
         tiled = kbit.tile(fitted)
         assert tiled.total_nbytes == tiled.nbytes + (4 << k)
+    nf4 = kbit.quantize_4bit(x, quant_type="nf4", blocksize=64)
+    assert nf4.total_nbytes == nf4.nbytes

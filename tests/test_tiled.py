@@ -106,6 +106,14 @@ def test_bad_arguments_write_nothing(rng):
         kbit.tile(kbit.quantize(np.ones((4, 40), np.float32), k=4))  # k_in not a multiple of 32
 
 
+def on_cuda(q):
+    """A host QuantizedTensor's arrays copied to the GPU (torch)."""
+    import torch
+    return kbit.QuantizedTensor(torch.from_numpy(q.packed.view(np.int32)).cuda(),
+                                torch.from_numpy(np.asarray(q.absmax)).cuda(), q.k, q.shape,
+                                q.dtype, q.absmax_format, q.tensor_scale, q.codebook)
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
@@ -115,10 +123,7 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
         fmt = list(FORMATS)[i % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
         t_host = kbit.tile(q)
-        qd = kbit.QuantizedTensor(torch.from_numpy(q.packed.view(np.int32)).cuda(),
-                                  torch.from_numpy(np.asarray(q.absmax)).cuda(), q.k, q.shape,
-                                  q.dtype, q.absmax_format, q.tensor_scale, q.codebook)
-        t = kbit.tile(qd)
+        t = kbit.tile(on_cuda(q))
         torch.cuda.synchronize()
         assert np.array_equal(t.packed.cpu().numpy(), t_host.packed)
         assert np.array_equal(t.absmax.cpu().numpy(), t_host.absmax)
@@ -140,15 +145,12 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
 def test_gpu_streamed_gemv_shapes(rng, k):
     """The streamed GEMV's walk: more row tiles than CTAs (runs of several tiles a CTA),
     rows of one, two and several ring stages with a short last one, a last group of one
-    chunk, n_out off the tile, every absmax format, bias, m = 1..16; against the CPU."""
-    import torch
+    chunk, n_out off the tile, every absmax format, bias, m = 1..16; against the float64
+    reference."""
     for i, (n_out, k_in) in enumerate(((2500, 1312), (4100, 160), (2113, 4128), (5, 9216))):
         fmt = list(FORMATS)[(i + k) % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
-        t = kbit.tile(kbit.QuantizedTensor(
-            torch.from_numpy(q.packed.view(np.int32)).cuda(),
-            torch.from_numpy(np.asarray(q.absmax)).cuda(), q.k, q.shape, q.dtype,
-            q.absmax_format, q.tensor_scale, q.codebook))
+        t = kbit.tile(on_cuda(q))
         for m in (1, 3, 8, 9, 16):
             dtype = "float16" if m % 2 else "bfloat16"
             x = random_x(rng, (m, k_in), dtype)

@@ -30,6 +30,12 @@ class QuantizedBase:
         return n
 
     @property
+    def total_nbytes(self) -> int:
+        """Everything stored for this tensor: nbytes, plus what a container keeps beside
+        its arrays (a kbit tensor's custom codebook)."""
+        return self.nbytes
+
+    @property
     def on_device(self) -> bool:
         return _arrays.device_view(getattr(self, self._DATA)) is not None
 

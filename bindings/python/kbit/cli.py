@@ -97,7 +97,7 @@ def cmd_quantize(args) -> int:
         except KbitError as e:
             raise KbitError(f"tensor {name!r}: {e}", e.status) from e
         out[name] = q
-        after += getattr(q, "total_nbytes", q.nbytes)
+        after += q.total_nbytes
         quantized += 1
     kbit.save(out, args.output, metadata={"kbit.source": os.path.basename(args.input)},
               progress=not args.quiet and len(out) > 16)

@@ -40,8 +40,8 @@ class KbitFields(QuantizedBase):
 
     @property
     def total_nbytes(self) -> int:
-        """nbytes plus the custom codebook's (2^k float32 values; 0 for the built-in one):
-        everything a checkpoint stores for this tensor."""
+        """nbytes plus the custom codebook's 2^k float32 values (the built-in one is not
+        stored)."""
         return self.nbytes + (0 if self.codebook is None else 4 << self.k)
 
 
