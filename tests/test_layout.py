@@ -34,3 +34,12 @@ def test_every_include_stays_in_its_room_or_below():
                     assert target in ALLOWED[room], where
                     seen += 1
     assert seen > 30  # the rule was applied to the real includes
+
+
+def test_wgmma_wrappers_match_their_generator():
+    """csrc/matmul/wgmma.cuh is tools/gen_wgmma.py's output, unedited."""
+    import subprocess
+    import sys
+    gen = os.path.join(ROOT, "tools", "gen_wgmma.py")
+    assert subprocess.run([sys.executable, gen, "--check"]).returncode == 0, \
+        "csrc/matmul/wgmma.cuh differs from tools/gen_wgmma.py's output: rerun it"

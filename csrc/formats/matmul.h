@@ -140,7 +140,7 @@ constexpr int kGemmRows = 128;
 constexpr int kGemmStageK = 64;
 
 struct GemmPlan {
-    int bm = 0;           // rows of x per CTA: 16, 32 or 128
+    int bm = 0;           // rows of x per CTA: 16, 32 or 128 (gemm90_plan: 32 .. 256)
     int64_t tiles = 0;    // output tiles (CTAs per split)
     int64_t stages = 0;   // k stages of a row
     int splits = 1;       // CTAs per tile along k (1: no workspace needed)
@@ -167,6 +167,36 @@ inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
     p.splits = static_cast<int>(s);
     p.workspace = p.tiles * s * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
     return p;
+}
+
+// The wgmma GEMM of Hopper GPUs (csrc/matmul/gemm_sm90.cu), from m = kGemm90MinM: CTAs
+// of kGemmRows rows of W by bm = 32, 64, 128 or 256 rows of x (the wgmma's N: the
+// smallest that holds m, and 256 only where that still gives a wave of tiles), one CTA
+// an SM; the split rule of gemm_plan. max_bm: a decoder whose tables leave no room for
+// 256 rows of x takes 128.
+constexpr int64_t kGemm90MinM = 17;
+inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm = 256) {
+    GemmPlan p;
+    if (m < kGemm90MinM || k_in <= 0 || n_out <= 0) return p;
+    const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows;
+    p.bm = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 || tiles_n * ((m + 255) / 256) < 132 ? 128 : 256;
+    if (p.bm > max_bm) p.bm = max_bm;
+    p.tiles = ((m + p.bm - 1) / p.bm) * tiles_n;
+    p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
+    int64_t s = 132 / p.tiles;
+    if (s > p.stages / 8) s = p.stages / 8;
+    if (s > 16) s = 16;
+    if (s < 2) return p;
+    p.splits = static_cast<int>(s);
+    p.workspace = p.tiles * s * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
+    return p;
+}
+
+// kbit_matmul_workspace_bytes: enough for either GEMM (the device picks one at the call).
+inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
+    const int64_t a = gemm_plan(m, k_in, n_out).workspace, b = gemm90_plan(m, k_in, n_out).workspace,
+                  c = gemm90_plan(m, k_in, n_out, 128).workspace;
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
 }  // namespace matmul

@@ -252,7 +252,7 @@ KBIT_MATMUL_ENTRIES(KBIT_SKIP_ENTRY, KBIT_DEFINE_ENTRY)
 // no split is worth it. Every kernel is also correct without one.
 extern "C" KBIT_API int64_t kbit_matmul_workspace_bytes(int64_t m, int64_t k_in, int64_t n_out) {
     if (m < 0 || k_in < 0 || n_out < 0) return -1;
-    return kbit::matmul::gemm_plan(m, k_in, n_out).workspace;
+    return kbit::matmul::gemm_workspace(m, k_in, n_out);
 }
 
 extern "C" KBIT_API int64_t kbit_tiled_packed_bytes(int64_t n_out, int64_t k_in, int k) {

@@ -20,10 +20,6 @@
 
 namespace gemm {
 
-// Where W's bytes come from: the stored layout through the ring (kbit, NF4, FP4), the
-// format's own decoder straight from global memory (GGUF), or the tiled kbit layout
-// (formats/kbit_tiled.h) through the ring.
-enum Source { kStored, kDirect, kTiled };
 
 constexpr int kRing = 4;                        // cp.async slots: 3 stages in flight
 constexpr int kBK = kGemmStageK;                // 64: k of a stage
@@ -46,22 +42,7 @@ struct Shape {
     static constexpr int NT = kGemmRows / 8 / kWarpsN;    // n8 tiles of a warp (2 or 4)
 };
 
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
 
-// Field f (2K bits) of a little-endian stream of N words; f a compile-time constant
-// after unrolling, so a shift and a mask (a byte permute at K = 4).
-template <int K, int N>
-__device__ __forceinline__ uint32_t stream_field(const uint32_t (&w)[N], int f) {
-    if constexpr (K == 4) return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
-    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
-    const uint32_t lo = w[word] >> shift;
-    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
-    return v & ((1u << (2 * K)) - 1u);
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -112,14 +93,6 @@ __host__ __device__ constexpr int smem_bytes(int bm) {
            kRing * slot_bytes<Dec, kSrc>(bm);
 }
 
-// The byte offset of the scale of (row, chunk): the stored layouts' chunks run along
-// rows; the tiled layout keeps 16 rows x 4 chunks together.
-template <int kSrc, class Dec>
-__device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t chunk,
-                                            int64_t chunks) {
-    if constexpr (kSrc == kTiled) return tiled::scale_at(dec.geo, row, chunk, dec.sb);
-    else return dec.scale_offset(row * chunks + chunk);
-}
 
 // Dec: a pair decoder with a table (KbitAnyScale, Bnb4Staged; TiledScale for kTiled), or
 // FloatDirect for kDirect. kWUnit: bytes of each cp.async of stored W (16 or 4, as the
@@ -436,40 +409,16 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
                 for (int e = 0; e < 4; ++e) store(i, j, e, acc[i][j][e]);
         return;
     }
-    // Split k: this split's partial tile, in the threads' own order (coalesced), then the
-    // last split to arrive adds all of them in split order and clears them.
     constexpr int kPer = MT * NT * 4;
-    float *mine = partials + (tile * splits + split) * (kPer * kThreads);
+    float flat[kPer];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) mine[((i * NT + j) * 4 + e) * kThreads + tid] = acc[i][j][e];
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    if (tid == 0) last = atomicAdd(counters + tile, 1u) == static_cast<unsigned>(splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float *all = partials + tile * splits * (kPer * kThreads);
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int at = ((i * NT + j) * 4 + e) * kThreads + tid;
-                float v = 0.0f;
-#pragma unroll 1
-                for (int sp = 0; sp < splits; ++sp) {
-                    v += __ldcg(all + sp * (kPer * kThreads) + at);
-                    all[sp * (kPer * kThreads) + at] = 0.0f;
-                }
-                store(i, j, e, v);
-            }
-    if (tid == 0) counters[tile] = 0u;
+            for (int e = 0; e < 4; ++e) flat[(i * NT + j) * 4 + e] = acc[i][j][e];
+    reduce_splits<kPer, kThreads>(flat, tile, split, splits, partials, counters,
+                                  [&](int f, float v) { store(f / (NT * 4), (f / 4) % NT, f % 4, v); });
 }
 
 // The launch for one decoder: the plan's CTA shape and split; the split only with a

@@ -43,286 +43,12 @@
 #include "../core/entries.h"
 #include "../formats/kbit_tiled.h"
 #include "../formats/matmul.h"
+#include "decoders.cuh"
+#include "gemm_sm90.h"
 
 namespace kbit {
 namespace matmul {
 namespace {
-
-constexpr unsigned kFull = 0xFFFFFFFFu;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16;  // rows of W per CTA (the mma's M)
-constexpr int kMaxM = 8;       // rows of x per pass (the mma's N)
-constexpr int kChunk = 32;     // elements of k per mma pair
-constexpr int kUnroll = 4;     // chunks per warp whose loads are issued together
-
-// ---- tensor-core helpers ------------------------------------------------------------------
-
-// D = A · B + C for one m16n8k16 tile with fp32 accumulators; A, B as packed pairs of T.
-#define KBIT_MMA_16816(TAG, PTX_TYPE)                                                          \
-    __device__ __forceinline__ void mma_16816(TAG, float (&d)[4], const uint32_t (&a)[4],      \
-                                              uint32_t b0, uint32_t b1) {                      \
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE            \
-                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"              \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
-    }
-KBIT_MMA_16816(F16, "f16")
-KBIT_MMA_16816(BF16, "bf16")
-#undef KBIT_MMA_16816
-
-// The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a
-// warp read distinct banks (kCopies = 32) or at most two lanes share one (16).
-template <int kEntries>
-constexpr int table_copies() { return kEntries > 256 ? 16 : 32; }
-
-// A lane's copy of the pair table as a shared-memory address: entry idx is one
-// multiply-add and one load. (Through a pointer, the compiler recomputed the lane's copy
-// from the thread index for every lookup: 5 instructions a pair in SASS, now 2-3.)
-template <int kCopies>
-struct LaneTable {
-    uint32_t base;  // shared address of entry 0 of this lane's copy
-    __device__ __forceinline__ uint32_t operator[](uint32_t idx) const {
-        return lds_u32(base + idx * (4 * kCopies));
-    }
-};
-template <int kCopies>
-__device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(table + lane % kCopies));
-    return {__shfl_sync(0xFFFFFFFFu, at, lane)};  // opaque: not split back into tid math
-}
-
-// Fills entries [0, kEntries) of the table with value(e), every copy, 16 bytes a store.
-template <int kEntries, class Value>
-__device__ void fill_table(uint32_t *table, Value &&value) {
-    constexpr int copies = table_copies<kEntries>();
-    for (int e = threadIdx.x; e < kEntries; e += blockDim.x) {
-        const uint32_t v = value(e);
-        uint4 *row = reinterpret_cast<uint4 *>(table + e * copies);
-#pragma unroll
-        for (int c = 0; c < copies / 4; ++c) row[c] = make_uint4(v, v, v, v);
-    }
-}
-
-// ---- cp.async ------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_address(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Copies 16 (or 4) bytes from global to shared memory asynchronously; only the first
-// `src_bytes` are read, the rest of the destination is zero-filled.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-// Bytes of [off, off + unit) that lie inside an array of `total` bytes.
-__device__ __forceinline__ int inside(int64_t off, int64_t total, int unit) {
-    const int64_t left = total - off;
-    return left <= 0 ? 0 : (left < unit ? static_cast<int>(left) : unit);
-}
-
-// ---- pair decoders: 8 elements of one row and chunk -> 4 pairs of T ------------------------
-//
-// A staged decoder reads a chunk as stored, from shared memory: pairs(w, t, table, p)
-// gives elements (8t + 2q, 8t + 2q + 1) of the chunk whose bytes start at w as pair q,
-// the lower element in the low half; scale_offset(c) is the byte offset of chunk c's
-// scale in the scale array, scale(s) the chunk's float32 factor from the bytes at s.
-
-// kbit: K bit-plane words per chunk and one scale.
-template <class T, int K, kbit_absmax_format FMT>
-struct KbitStaged {
-    static constexpr int kEntries = 1 << (2 * K);
-    static constexpr bool kUsesCodebook = true;
-    static constexpr int kChunkBytes = 4 * K;
-    static constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
-    const uint8_t *packed;
-    const uint8_t *absmax;
-    int64_t packed_bytes, absmax_bytes;
-    float scale_mul;  // tensor_scale times the codebook's largest |entry|
-
-    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
-    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * kScaleBytes; }
-    // scale_offset(c + u) - scale_offset(c)
-    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * kScaleBytes; }
-
-    __device__ __forceinline__ float scale(const uint8_t *s) const {
-        uint32_t bits;
-        if constexpr (kScaleBytes == 1) bits = *s;
-        else if constexpr (kScaleBytes == 2) bits = *reinterpret_cast<const uint16_t *>(s);
-        else bits = *reinterpret_cast<const uint32_t *>(s);
-        return decode_scale(FMT, bits) * scale_mul;
-    }
-
-    // Byte t of planes 0..3 side by side (q), transposed as a 4x4 matrix of 2-bit
-    // fields: byte i of the result holds bits 2i, 2i+1 of every plane, i.e. the codes of
-    // pair i interleaved (bit 2j: element 2i's bit j; bit 2j+1: element 2i+1's).
-    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
-                                          const LaneTable<table_copies<kEntries>()> &table,
-                                          uint32_t (&p)[4]) const {
-        uint32_t v[K];
-        if constexpr (K == 4) {
-            const uint4 u = *reinterpret_cast<const uint4 *>(w);
-            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-        } else if constexpr (K == 2) {
-            const uint2 u = *reinterpret_cast<const uint2 *>(w);
-            v[0] = u.x, v[1] = u.y;
-        } else {
-#pragma unroll
-            for (int j = 0; j < K; ++j) v[j] = reinterpret_cast<const uint32_t *>(w)[j];
-        }
-        const uint32_t sel = static_cast<uint32_t>(t) | static_cast<uint32_t>(t + 4) << 4;
-        const uint32_t lo = __byte_perm(v[0], v[1], sel);
-        const uint32_t hi = K >= 3 ? __byte_perm(v[2], K >= 4 ? v[3] : 0u, sel) : 0u;
-        uint32_t q = __byte_perm(lo, hi, 0x5410);
-        uint32_t d = ((q >> 12) ^ q) & 0x0000F0F0u;  // swap the off-diagonal 2x2 blocks
-        q ^= d ^ (d << 12);
-        d = ((q >> 6) ^ q) & 0x00CC00CCu;            // swap inside the 2x2 blocks
-        q ^= d ^ (d << 6);
-        uint32_t fifth = 0;                          // K = 5: plane 4's byte t
-        if constexpr (K == 5) fifth = v[4] >> (8 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t idx = (q >> (8 * i)) & 0xFFu;
-            if constexpr (K == 5) idx |= ((fifth >> (2 * i)) & 3u) << 8;
-            p[i] = table[idx];
-        }
-    }
-
-    // Entry e: the codebook values (over their largest |entry|) of the two codes whose
-    // bits e interleaves.
-    __device__ static uint32_t entry(int e, const float *cb, float inv_max) {
-        int a = 0, b = 0;
-#pragma unroll
-        for (int j = 0; j < K; ++j) {
-            a |= ((e >> (2 * j)) & 1) << j;
-            b |= ((e >> (2 * j + 1)) & 1) << j;
-        }
-        return pack2(T{}, cb[a] * inv_max, cb[b] * inv_max);
-    }
-};
-
-// kbit with the absmax format chosen at run time: the GEMM decodes one scale per row and
-// chunk of a stage, not one per pair, so a switch there costs less than three times the
-// kernels.
-template <class T, int K>
-struct KbitAnyScale : KbitStaged<T, K, KBIT_ABSMAX_FP32> {
-    kbit_absmax_format fmt;
-    int sb;  // bytes of a scale: 1 (E4M4), 2 (fp16) or 4 (fp32)
-    __device__ __forceinline__ int scale_bytes() const { return sb; }
-    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * sb; }
-    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * sb; }
-    __device__ __forceinline__ float scale(const uint8_t *s) const {
-        const uint32_t bits = sb == 1 ? *s
-                            : sb == 2 ? *reinterpret_cast<const uint16_t *>(s)
-                                      : *reinterpret_cast<const uint32_t *>(s);
-        return decode_scale(fmt, bits) * this->scale_mul;
-    }
-};
-
-// Tiled kbit in the GEMM (formats/kbit_tiled.h): KbitAnyScale's pair table and scales
-// with the layout's geometry; pairs are fields of the lanes' segments.
-template <class T, int K>
-struct TiledScale : KbitAnyScale<T, K> {
-    static constexpr int kK = K;
-    tiled::Geometry geo;
-};
-
-// NF4 / FP4: 16 packed bytes per chunk (byte i: element 2i high nibble, 2i+1 low), one
-// float32 scale per blocksize >= 32 elements.
-template <class T, class Fmt>
-struct Bnb4Staged {
-    static constexpr int kEntries = 256;
-    static constexpr bool kUsesCodebook = false;
-    static constexpr int kChunkBytes = 16;
-    static constexpr int kScaleBytes = 4;
-    const uint8_t *packed;
-    const uint8_t *absmax;
-    int64_t packed_bytes, absmax_bytes;
-    int log2_chunks_per_block;  // log2(blocksize / 32)
-
-    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
-    __device__ __forceinline__ int64_t scale_offset(int64_t c) const {
-        return (c >> log2_chunks_per_block) * 4;
-    }
-    __device__ __forceinline__ int scale_delta(int64_t c, int u) const {
-        return static_cast<int>(((c + u) >> log2_chunks_per_block) - (c >> log2_chunks_per_block)) * 4;
-    }
-    __device__ __forceinline__ float scale(const uint8_t *s) const {
-        return *reinterpret_cast<const float *>(s);
-    }
-    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
-                                          const LaneTable<table_copies<kEntries>()> &table,
-                                          uint32_t (&p)[4]) const {
-        const uint32_t b = reinterpret_cast<const uint32_t *>(w)[t];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = table[__byte_perm(b, 0u, 0x4440u | i)];
-    }
-    __device__ static uint32_t entry(int e) {
-        return pack2(T{}, bnb4::table_value(Fmt{}, e >> 4), bnb4::table_value(Fmt{}, e & 15));
-    }
-};
-
-// GGUF (and any format with a float decoder): each lane decodes its 8 elements with
-// the format's own group decoder (formats/gguf.h), which loads what it needs; the
-// values carry their scales, so the chunk's factor is 1.
-template <class T, class Fmt>
-struct FloatDirect {
-    const uint8_t *blocks;
-    struct Raw {
-        float v[8];
-    };
-    __device__ __forceinline__ Raw load(int64_t c, int t) const {
-        Raw r;
-        const int64_t e0 = c * kChunk + 8 * t;
-        Fmt::template group<8>(gguf::DeviceLoader<0>{blocks + (e0 / Fmt::kElems) * Fmt::kBytes},
-                               static_cast<int>(e0 % Fmt::kElems), r.v);
-        return r;
-    }
-    __device__ __forceinline__ void pairs(const Raw &r, uint32_t (&p)[4]) const {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = pack2(T{}, r.v[2 * i], r.v[2 * i + 1]);
-    }
-};
-
-// Fills the CTA's pair table for decoder Dec and returns the factor its entries were
-// divided by: the codebook's largest |entry| (1 if all are zero, or for the fixed NF4/FP4
-// tables). Ends with a barrier.
-template <class Dec>
-__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
-    __shared__ float book_max;
-    if constexpr (!Dec::kUsesCodebook) {
-        fill_table<Dec::kEntries>(table, [](int e) { return Dec::entry(e); });
-        __syncthreads();
-        return 1.0f;
-    } else {
-        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
-        const int lane = threadIdx.x & 31;
-        if (threadIdx.x < 32) {
-            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
-            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
-            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
-        }
-        __syncthreads();
-        const float scale = book_max, inv_max = 1.0f / scale;
-        fill_table<Dec::kEntries>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
-        __syncthreads();
-        return scale;
-    }
-}
 
 // ---- the tensor-core kernels -----------------------------------------------------------------
 
@@ -380,8 +106,6 @@ constexpr int kStageChunks = 4;   // chunks per row and stage
 constexpr int kXRow = kStageChunks * kChunk * 2 + 16;  // one x row of a stage, padded
 template <class Dec>
 constexpr int w_row_bytes() { return (kStageChunks * Dec::kChunkBytes + 15) / 16 * 16; }
-template <class Dec>
-constexpr int table_bytes() { return 4 * Dec::kEntries * table_copies<Dec::kEntries>(); }
 template <class Dec>
 __host__ __device__ constexpr int slot_bytes(int m_rows) {
     return kTileRows * w_row_bytes<Dec>() + kTileRows * 16 + m_rows * kXRow;
@@ -1040,22 +764,6 @@ __global__ void tile_scales_kernel(const uint8_t *__restrict__ from, uint8_t *__
     }
 }
 
-// Raises a kernel's dynamic shared memory limit to `bytes` on the current device (once
-// per device and larger size). Always, also below 48 KB: the kernel's static shared
-// memory counts against the same default limit.
-template <auto Kernel>
-cudaError_t allow_smem(int bytes) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> allowed[kMaxDevices];
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    if (dev < kMaxDevices && allowed[dev].load(std::memory_order_relaxed) >= bytes)
-        return cudaSuccess;
-    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err == cudaSuccess && dev < kMaxDevices) allowed[dev].store(bytes, std::memory_order_relaxed);
-    return err;
-}
 
 dim3 tile_grid(int64_t m, int64_t n_out) {
     return dim3(static_cast<unsigned>(blocks_of(n_out, kTileRows)),
@@ -1224,6 +932,17 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
     return mma_ok(dtype, x) && aligned(packed, 4) && aligned(absmax, 4);
 }
 
+// The wgmma GEMM (gemm_sm90.cu) takes m >= kGemm90MinM on compute capability 9.0 where
+// the build carries it. fp16 x with fp32 kbit block scales stays on the mma.sync GEMM,
+// whose scales stay float32 (the wgmma GEMM rounds block scale times codebook value to
+// the type of x, and fp32 scales may lie beyond fp16's range).
+bool use_sm90(int64_t m, kbit_dtype dtype, kbit_absmax_format fmt = KBIT_ABSMAX_E4M4) {
+    if (m < kGemm90MinM || !sm90::built()) return false;
+    if (dtype == KBIT_DTYPE_FP16 && fmt == KBIT_ABSMAX_FP32) return false;
+    int major = 0;
+    return compute_major(&major) == cudaSuccess && major == 9;
+}
+
 kbit_status check_workspace(const void *workspace, size_t workspace_bytes) {
     if (workspace == nullptr && workspace_bytes != 0)
         return fail(KBIT_ERROR_NULL_POINTER, "workspace is NULL but workspace_bytes is %zu",
@@ -1249,6 +968,14 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                     if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                         using Dec = KbitAnyScale<T, kc.value>;
                         const int sb = static_cast<int>(absmax_align(fmt));
+                        if (use_sm90(m, dtype, fmt)) {
+                            err = sm90::matmul(
+                                sm90::KbitWeight{false, packed, absmax, blocks * Dec::kChunkBytes,
+                                                 blocks * sb, fmt, ts, codebook, k},
+                                dtype, x, m, k_in, n_out, bias, y, workspace, workspace_bytes,
+                                stream);
+                            return KBIT_SUCCESS;
+                        }
                         const Dec dec{{reinterpret_cast<const uint8_t *>(packed),
                                        static_cast<const uint8_t *>(absmax),
                                        blocks * Dec::kChunkBytes, blocks * sb, ts},
@@ -1303,6 +1030,15 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
                 if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
+                    if (use_sm90(m, dtype, fmt)) {
+                        err = sm90::matmul(
+                            sm90::KbitWeight{true, tiled_packed, tiled_absmax,
+                                             tiled::packed_bytes(n_out, k_in, k),
+                                             tiled::absmax_bytes(n_out, k_in, fmt), fmt, ts,
+                                             codebook, k},
+                            dtype, x, m, k_in, n_out, bias, y, workspace, workspace_bytes, stream);
+                        return KBIT_SUCCESS;
+                    }
                     using Dec = TiledScale<T, kc.value>;
                     const int sb = static_cast<int>(absmax_align(fmt));
                     const Dec dec{{{static_cast<const uint8_t *>(tiled_packed),
@@ -1425,10 +1161,16 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             if constexpr (!std::is_same_v<T, F32>) {
                 const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
-                err = m > 2 * kMaxM
-                          ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
-                                                   workspace, workspace_bytes, stream)
-                          : launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
+                if (use_sm90(m, dtype))
+                    err = sm90::matmul(sm90::Bnb4Weight{std::is_same_v<Fmt, bnb4::Fp4>, packed,
+                                                        absmax, n / 2, (n >> log2_bs) * 4, log2_bs},
+                                       dtype, x, m, k_in, n_out, bias, y, workspace,
+                                       workspace_bytes, stream);
+                else
+                    err = m > 2 * kMaxM
+                              ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
+                                                       workspace, workspace_bytes, stream)
+                              : launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
             }
             return KBIT_SUCCESS;
         });

@@ -1,0 +1,392 @@
+// The matmul room's shared device pieces: the mma.sync helper, the lanes' pair tables,
+// cp.async, and the pair decoders that turn 8 elements of one row and chunk of a stored
+// (or tiled) weight into four pairs of T. Included by gemv.cu (the GEMV kernels and the
+// mma.sync GEMM of gemm.cuh) and gemm_sm90.cu (the wgmma GEMM); every name is internal to
+// the including file.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "../core/cuda.cuh"
+#include "../core/dispatch.h"
+#include "../formats/gguf.h"
+#include "../formats/kbit_tiled.h"
+#include "../formats/matmul.h"
+
+namespace kbit {
+namespace matmul {
+namespace {
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16;  // rows of W per CTA (the mma's M)
+constexpr int kMaxM = 8;       // rows of x per pass (the mma's N)
+constexpr int kChunk = 32;     // elements of k per mma pair
+constexpr int kUnroll = 4;     // chunks per warp whose loads are issued together
+
+// ---- tensor-core helpers ------------------------------------------------------------------
+
+// D = A · B + C for one m16n8k16 tile with fp32 accumulators; A, B as packed pairs of T.
+#define KBIT_MMA_16816(TAG, PTX_TYPE)                                                          \
+    __device__ __forceinline__ void mma_16816(TAG, float (&d)[4], const uint32_t (&a)[4],      \
+                                              uint32_t b0, uint32_t b1) {                      \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE            \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"              \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
+    }
+KBIT_MMA_16816(F16, "f16")
+KBIT_MMA_16816(BF16, "bf16")
+#undef KBIT_MMA_16816
+
+// The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a
+// warp read distinct banks (kCopies = 32) or at most two lanes share one (16).
+template <int kEntries>
+constexpr int table_copies() { return kEntries > 256 ? 16 : 32; }
+
+// A lane's copy of the pair table as a shared-memory address: entry idx is one
+// multiply-add and one load. (Through a pointer, the compiler recomputed the lane's copy
+// from the thread index for every lookup: 5 instructions a pair in SASS, now 2-3.)
+template <int kCopies>
+struct LaneTable {
+    uint32_t base;  // shared address of entry 0 of this lane's copy
+    __device__ __forceinline__ uint32_t operator[](uint32_t idx) const {
+        return lds_u32(base + idx * (4 * kCopies));
+    }
+};
+template <int kCopies>
+__device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(table + lane % kCopies));
+    return {__shfl_sync(0xFFFFFFFFu, at, lane)};  // opaque: not split back into tid math
+}
+
+// Fills entries [0, kEntries) of the table with value(e), every one of its `copies`
+// (table_copies by default), 16 bytes a store.
+template <int kEntries, int copies = table_copies<kEntries>(), class Value>
+__device__ void fill_table(uint32_t *table, Value &&value) {
+    for (int e = threadIdx.x; e < kEntries; e += blockDim.x) {
+        const uint32_t v = value(e);
+        uint4 *row = reinterpret_cast<uint4 *>(table + e * copies);
+#pragma unroll
+        for (int c = 0; c < copies / 4; ++c) row[c] = make_uint4(v, v, v, v);
+    }
+}
+
+// ---- cp.async ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Copies 16 (or 4) bytes from global to shared memory asynchronously; only the first
+// `src_bytes` are read, the rest of the destination is zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Bytes of [off, off + unit) that lie inside an array of `total` bytes.
+__device__ __forceinline__ int inside(int64_t off, int64_t total, int unit) {
+    const int64_t left = total - off;
+    return left <= 0 ? 0 : (left < unit ? static_cast<int>(left) : unit);
+}
+
+// ---- pair decoders: 8 elements of one row and chunk -> 4 pairs of T ------------------------
+//
+// A staged decoder reads a chunk as stored, from shared memory: pairs(w, t, table, p)
+// gives elements (8t + 2q, 8t + 2q + 1) of the chunk whose bytes start at w as pair q,
+// the lower element in the low half; scale_offset(c) is the byte offset of chunk c's
+// scale in the scale array, scale(s) the chunk's float32 factor from the bytes at s.
+
+// kbit: K bit-plane words per chunk and one scale.
+template <class T, int K, kbit_absmax_format FMT>
+struct KbitStaged {
+    static constexpr int kEntries = 1 << (2 * K);
+    static constexpr bool kUsesCodebook = true;
+    static constexpr int kChunkBytes = 4 * K;
+    static constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
+    const uint8_t *packed;
+    const uint8_t *absmax;
+    int64_t packed_bytes, absmax_bytes;
+    float scale_mul;  // tensor_scale times the codebook's largest |entry|
+
+    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * kScaleBytes; }
+    // scale_offset(c + u) - scale_offset(c)
+    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * kScaleBytes; }
+
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        uint32_t bits;
+        if constexpr (kScaleBytes == 1) bits = *s;
+        else if constexpr (kScaleBytes == 2) bits = *reinterpret_cast<const uint16_t *>(s);
+        else bits = *reinterpret_cast<const uint32_t *>(s);
+        return decode_scale(FMT, bits) * scale_mul;
+    }
+
+    // Byte t of planes 0..3 side by side (q), transposed as a 4x4 matrix of 2-bit
+    // fields: byte i of the result holds bits 2i, 2i+1 of every plane, i.e. the codes of
+    // pair i interleaved (bit 2j: element 2i's bit j; bit 2j+1: element 2i+1's).
+    template <class Table>
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
+                                          const Table &table,
+                                          uint32_t (&p)[4]) const {
+        uint32_t v[K];
+        if constexpr (K == 4) {
+            const uint4 u = *reinterpret_cast<const uint4 *>(w);
+            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+        } else if constexpr (K == 2) {
+            const uint2 u = *reinterpret_cast<const uint2 *>(w);
+            v[0] = u.x, v[1] = u.y;
+        } else {
+#pragma unroll
+            for (int j = 0; j < K; ++j) v[j] = reinterpret_cast<const uint32_t *>(w)[j];
+        }
+        const uint32_t sel = static_cast<uint32_t>(t) | static_cast<uint32_t>(t + 4) << 4;
+        const uint32_t lo = __byte_perm(v[0], v[1], sel);
+        const uint32_t hi = K >= 3 ? __byte_perm(v[2], K >= 4 ? v[3] : 0u, sel) : 0u;
+        uint32_t q = __byte_perm(lo, hi, 0x5410);
+        uint32_t d = ((q >> 12) ^ q) & 0x0000F0F0u;  // swap the off-diagonal 2x2 blocks
+        q ^= d ^ (d << 12);
+        d = ((q >> 6) ^ q) & 0x00CC00CCu;            // swap inside the 2x2 blocks
+        q ^= d ^ (d << 6);
+        uint32_t fifth = 0;                          // K = 5: plane 4's byte t
+        if constexpr (K == 5) fifth = v[4] >> (8 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t idx = (q >> (8 * i)) & 0xFFu;
+            if constexpr (K == 5) idx |= ((fifth >> (2 * i)) & 3u) << 8;
+            p[i] = table[idx];
+        }
+    }
+
+    // Entry e: the codebook values (over their largest |entry|) of the two codes whose
+    // bits e interleaves.
+    __device__ static uint32_t entry(int e, const float *cb, float inv_max) {
+        int a = 0, b = 0;
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            a |= ((e >> (2 * j)) & 1) << j;
+            b |= ((e >> (2 * j + 1)) & 1) << j;
+        }
+        return pack2(T{}, cb[a] * inv_max, cb[b] * inv_max);
+    }
+};
+
+// kbit with the absmax format chosen at run time: the GEMM decodes one scale per row and
+// chunk of a stage, not one per pair, so a switch there costs less than three times the
+// kernels.
+template <class T, int K>
+struct KbitAnyScale : KbitStaged<T, K, KBIT_ABSMAX_FP32> {
+    kbit_absmax_format fmt;
+    int sb;  // bytes of a scale: 1 (E4M4), 2 (fp16) or 4 (fp32)
+    __device__ __forceinline__ int scale_bytes() const { return sb; }
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const { return c * sb; }
+    __device__ __forceinline__ int scale_delta(int64_t, int u) const { return u * sb; }
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        const uint32_t bits = sb == 1 ? *s
+                            : sb == 2 ? *reinterpret_cast<const uint16_t *>(s)
+                                      : *reinterpret_cast<const uint32_t *>(s);
+        return decode_scale(fmt, bits) * this->scale_mul;
+    }
+};
+
+// Tiled kbit in the GEMM (formats/kbit_tiled.h): KbitAnyScale's pair table and scales
+// with the layout's geometry; pairs are fields of the lanes' segments.
+template <class T, int K>
+struct TiledScale : KbitAnyScale<T, K> {
+    static constexpr int kK = K;
+    tiled::Geometry geo;
+};
+
+// NF4 / FP4: 16 packed bytes per chunk (byte i: element 2i high nibble, 2i+1 low), one
+// float32 scale per blocksize >= 32 elements.
+template <class T, class Fmt>
+struct Bnb4Staged {
+    static constexpr int kEntries = 256;
+    static constexpr bool kUsesCodebook = false;
+    static constexpr int kChunkBytes = 16;
+    static constexpr int kScaleBytes = 4;
+    const uint8_t *packed;
+    const uint8_t *absmax;
+    int64_t packed_bytes, absmax_bytes;
+    int log2_chunks_per_block;  // log2(blocksize / 32)
+
+    __device__ __forceinline__ int scale_bytes() const { return kScaleBytes; }
+    __device__ __forceinline__ int64_t scale_offset(int64_t c) const {
+        return (c >> log2_chunks_per_block) * 4;
+    }
+    __device__ __forceinline__ int scale_delta(int64_t c, int u) const {
+        return static_cast<int>(((c + u) >> log2_chunks_per_block) - (c >> log2_chunks_per_block)) * 4;
+    }
+    __device__ __forceinline__ float scale(const uint8_t *s) const {
+        return *reinterpret_cast<const float *>(s);
+    }
+    template <class Table>
+    __device__ __forceinline__ void pairs(const uint8_t *w, int t,
+                                          const Table &table,
+                                          uint32_t (&p)[4]) const {
+        const uint32_t b = reinterpret_cast<const uint32_t *>(w)[t];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = table[__byte_perm(b, 0u, 0x4440u | i)];
+    }
+    __device__ static uint32_t entry(int e) {
+        return pack2(T{}, bnb4::table_value(Fmt{}, e >> 4), bnb4::table_value(Fmt{}, e & 15));
+    }
+};
+
+// GGUF (and any format with a float decoder): each lane decodes its 8 elements with
+// the format's own group decoder (formats/gguf.h), which loads what it needs; the
+// values carry their scales, so the chunk's factor is 1.
+template <class T, class Fmt>
+struct FloatDirect {
+    const uint8_t *blocks;
+    struct Raw {
+        float v[8];
+    };
+    __device__ __forceinline__ Raw load(int64_t c, int t) const {
+        Raw r;
+        const int64_t e0 = c * kChunk + 8 * t;
+        Fmt::template group<8>(gguf::DeviceLoader<0>{blocks + (e0 / Fmt::kElems) * Fmt::kBytes},
+                               static_cast<int>(e0 % Fmt::kElems), r.v);
+        return r;
+    }
+    __device__ __forceinline__ void pairs(const Raw &r, uint32_t (&p)[4]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = pack2(T{}, r.v[2 * i], r.v[2 * i + 1]);
+    }
+};
+
+// Fills the CTA's pair table for decoder Dec and returns the factor its entries were
+// divided by: the codebook's largest |entry| (1 if all are zero, or for the fixed NF4/FP4
+// tables). Ends with a barrier.
+template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
+__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
+    __shared__ float book_max;
+    if constexpr (!Dec::kUsesCodebook) {
+        fill_table<Dec::kEntries, kCopies>(table, [](int e) { return Dec::entry(e); });
+        __syncthreads();
+        return 1.0f;
+    } else {
+        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
+        const int lane = threadIdx.x & 31;
+        if (threadIdx.x < 32) {
+            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
+            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
+            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
+        }
+        __syncthreads();
+        const float scale = book_max, inv_max = 1.0f / scale;
+        fill_table<Dec::kEntries, kCopies>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+        __syncthreads();
+        return scale;
+    }
+}
+
+template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
+constexpr int table_bytes() { return 4 * Dec::kEntries * kCopies; }
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` on the current device (once
+// per device and larger size). Always, also below 48 KB: the kernel's static shared
+// memory counts against the same default limit.
+template <auto Kernel>
+cudaError_t allow_smem(int bytes) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> allowed[kMaxDevices];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < kMaxDevices && allowed[dev].load(std::memory_order_relaxed) >= bytes)
+        return cudaSuccess;
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && dev < kMaxDevices) allowed[dev].store(bytes, std::memory_order_relaxed);
+    return err;
+}
+
+// ---- what both GEMMs (gemm.cuh, gemm_sm90.cu) share -------------------------------------------
+namespace gemm {
+
+// Where W's bytes come from: the stored layout through the ring (kbit, NF4, FP4), the
+// format's own decoder straight from global memory (GGUF), or the tiled kbit layout
+// (formats/kbit_tiled.h) through the ring.
+enum Source { kStored, kDirect, kTiled };
+
+// Field f (2K bits) of a little-endian stream of N words; f a compile-time constant
+// after unrolling, so a shift and a mask (a byte permute at K = 4).
+template <int K, int N>
+__device__ __forceinline__ uint32_t stream_field(const uint32_t (&w)[N], int f) {
+    if constexpr (K == 4) return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
+    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
+    const uint32_t lo = w[word] >> shift;
+    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
+    return v & ((1u << (2 * K)) - 1u);
+}
+
+// The byte offset of the scale of (row, chunk): the stored layouts' chunks run along
+// rows; the tiled layout keeps 16 rows x 4 chunks together.
+template <int kSrc, class Dec>
+__device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t chunk,
+                                            int64_t chunks) {
+    if constexpr (kSrc == kTiled) return tiled::scale_at(dec.geo, row, chunk, dec.sb);
+    else return dec.scale_offset(row * chunks + chunk);
+}
+
+// Split k: this split's partial tile goes to the workspace in the threads' own order
+// (coalesced); the last split of the tile to arrive (a counter a tile) adds all of them in
+// split order (deterministic), clears them and the counter, and stores each sum through
+// store(i, v); the other splits return. kPer values a thread, kN threads a CTA.
+template <int kPer, int kN, class Store>
+__device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t tile, int split,
+                                              int splits, float *partials, unsigned *counters,
+                                              Store &&store) {
+    const int tid = threadIdx.x;
+    float *mine = partials + (tile * splits + split) * (kPer * kN);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) mine[i * kN + tid] = acc[i];
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    if (tid == 0) last = atomicAdd(counters + tile, 1u) == static_cast<unsigned>(splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float *all = partials + tile * splits * (kPer * kN);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        float v = 0.0f;
+#pragma unroll 1
+        for (int sp = 0; sp < splits; ++sp) {
+            v += __ldcg(all + sp * (kPer * kN) + i * kN + tid);
+            all[sp * (kPer * kN) + i * kN + tid] = 0.0f;
+        }
+        store(i, v);
+    }
+    if (tid == 0) counters[tile] = 0u;
+}
+
+}  // namespace gemm
+
+}  // namespace
+}  // namespace matmul
+}  // namespace kbit

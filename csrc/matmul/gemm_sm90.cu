@@ -1,0 +1,589 @@
+// The wgmma GEMM for Hopper (sm_90a): y = x · Wᵀ for kbit (stored and tiled), NF4 and
+// FP4 weights, W decoded on its way from memory to the tensor cores, never written back.
+//
+// A CTA of two warpgroups owns 128 rows of W (64 a warpgroup: the wgmma's M) and BN rows
+// of x (the wgmma's N: 32, 64, 128 or 256) and walks k in stages of 64 elements (two
+// 32-element chunks, one 128-byte row of a swizzled tile):
+//   1. cp.async brings each stage's x tile, already in the wgmma's layout (K-major rows of
+//      128 bytes, 16-byte unit u of row r at u ^ (r % 8)), and the raw bytes of its W
+//      rows with their scale windows into a ring of R slots;
+//   2. the CTA decodes stage s + 1 of W into a tile of the same layout: the pair tables of
+//      decoders.cuh, then one packed multiply a pair by the block's scale, so that W
+//      reaches the tensor cores as codebook value times block scale in fp16 / bf16;
+//   3. meanwhile the tensor cores multiply stage s: each warpgroup issues 4 asynchronous
+//      wgmma m64nBNk16, W as A and x as B, both from shared memory, into fp32
+//      accumulators that live across the whole k loop. Decoding and multiplying overlap.
+// What the whole weight shares (tensor_scale times the codebook's largest |entry|, over
+// the scale format's fixed power of two) multiplies the sums once, at the output. E4M4
+// scales (at most 31) are taken times 2^8 so that the smallest products stay normal
+// fp16; fp16 scales fit as they are; with fp16 x, fp32 scales (kbit) go to the mma.sync
+// GEMM instead (gemv.cu), NF4 / FP4's as bitsandbytes rounds them, to fp16.
+//
+// Split k, tiles and the raster follow gemm.cuh (formats/matmul.h: gemm90_plan).
+#include "gemm_sm90.h"
+
+#include "decoders.cuh"
+
+#if KBIT_SM90A
+#include "wgmma.cuh"
+#endif
+
+namespace kbit {
+namespace matmul {
+namespace sm90 {
+namespace {
+
+#if KBIT_SM90A
+
+constexpr int kThreads90 = 256;             // two warpgroups
+constexpr int kRows = kGemmRows;            // rows of W a CTA: 64 a warpgroup
+constexpr int kBK = kGemmStageK;            // k of a stage: 64 elements, 128 bytes
+constexpr int kRowBytes = kBK * 2;
+constexpr int kTileBytes = kRows * kRowBytes;  // a decoded W tile (16 KB)
+constexpr int kSmem = 227 * 1024;            // a CTA's most dynamic shared memory
+constexpr int kMaxRing = 8;
+
+using gemm::kStored;
+using gemm::kTiled;
+
+template <int BN> struct NTag;
+template <> struct NTag<32> { using type = N32; };
+template <> struct NTag<64> { using type = N64; };
+template <> struct NTag<128> { using type = N128; };
+template <> struct NTag<256> { using type = N256; };
+
+// Byte offset of 16-byte unit u of row r in a tile of 128-byte rows, 128-byte swizzle.
+__device__ __forceinline__ uint32_t swizzled(int r, int u) {
+    return static_cast<uint32_t>(r * kRowBytes + ((u ^ (r & 7)) << 4));
+}
+
+// The matrix descriptor of such a tile (1024-byte aligned, K-major): start address,
+// leading offset 1 (unused by this layout), 8-row groups 1024 bytes apart, 128-byte swizzle.
+__device__ __forceinline__ uint64_t descriptor(uint32_t addr) {
+    const uint32_t lo = (addr >> 4) | (1u << 16), hi = 64u | (1u << 30);
+    return static_cast<uint64_t>(hi) << 32 | lo;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most N of this warpgroup's committed wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Stores of this thread to shared memory become visible to the tensor cores (the async
+// proxy) after the next barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The accumulators are written by the asynchronous wgmma: no access may move across.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// A value the compiler may not rebuild from the thread index: it stays in its register
+// across the k loop (else the per-stage copies recompute their addresses every stage).
+__device__ __forceinline__ uint32_t pinned(uint32_t v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+__device__ __forceinline__ int64_t pinned(int64_t v) {
+    asm volatile("" : "+l"(v));
+    return v;
+}
+__device__ __forceinline__ const uint8_t *pinned(const uint8_t *p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+// Four pairs of T times one factor (rounded to T first).
+__device__ __forceinline__ void scale_pairs(F16, uint32_t (&p)[4], float f) {
+    const __half2 s = __float2half2_rn(f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half2 v = *reinterpret_cast<const __half2 *>(&p[i]);
+        v = __hmul2(v, s);
+        p[i] = *reinterpret_cast<const uint32_t *>(&v);
+    }
+}
+__device__ __forceinline__ void scale_pairs(BF16, uint32_t (&p)[4], float f) {
+    const __nv_bfloat162 s = __float2bfloat162_rn(f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(&p[i]);
+        v = __hmul2(v, s);
+        p[i] = *reinterpret_cast<const uint32_t *>(&v);
+    }
+}
+
+// Shared memory, 1024-byte aligned: [x ring: R x BN rows][kTiles decoded W tiles][raw ring:
+// R x (W rows | scale windows, 16 bytes a row)][pair table][the stage's 128 x 2 scales].
+// Two stages multiply while a third is decoded, so the ring needs four slots or more: the
+// pair table keeps its usual copies where that fits, else half as many (two lanes a bank
+// at most); a BN for which neither fits is not built (the launcher takes 128 instead).
+constexpr int kTiles = 3;
+template <class Dec>
+constexpr int raw_row_bytes() { return (2 * Dec::kChunkBytes + 15) / 16 * 16; }
+template <class Dec>
+constexpr int raw_bytes() { return kRows * (raw_row_bytes<Dec>() + 16); }
+template <class Dec, int BN, int kCopies>
+struct Layout {
+    static constexpr int kTable = table_bytes<Dec, kCopies>();
+    static constexpr int kFixed = 1024 + kTiles * kTileBytes + kTable + kRows * 2 * 4;
+    static constexpr int kSlot = BN * kRowBytes + raw_bytes<Dec>();
+    static constexpr int kFit = (kSmem - kFixed) / kSlot;
+    static constexpr int kRing = kFit < kMaxRing ? kFit : kMaxRing;
+};
+template <class Dec, int BN>
+struct Config {
+    static constexpr int kFull = table_copies<Dec::kEntries>();
+    static constexpr int kCopies = Layout<Dec, BN, kFull>::kRing >= 4 ? kFull : kFull / 2;
+    using L = Layout<Dec, BN, kCopies>;
+    static constexpr int kRing = L::kRing;
+    static constexpr bool kBuilt = kRing >= 4;
+    static constexpr int kSmemBytes = L::kFixed + kRing * L::kSlot;
+};
+
+template <class T, class Dec, int kSrc, int BN, int kWUnit>
+__global__ void __launch_bounds__(kThreads90, 1)
+gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
+              const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
+              const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
+              int splits, float *__restrict__ partials, unsigned *__restrict__ counters) {
+    using C = Config<Dec, BN>;
+    constexpr int R = C::kRing;
+    static_assert(C::kBuilt, "the ring needs four slots");
+    constexpr int kRawRow = raw_row_bytes<Dec>();
+    constexpr int kRaw = raw_bytes<Dec>();
+    constexpr int kXBytes = BN * kRowBytes;
+    constexpr int kAcc = BN / 2;
+    // (pointers derived from smem_raw by arithmetic alone: the compiler keeps them in the
+    // shared address space, 32-bit addresses and LDS / STS)
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+    uint8_t *xring = base;
+    uint8_t *wtile = xring + R * kXBytes;
+    uint8_t *rawring = wtile + kTiles * kTileBytes;
+    uint32_t *table = reinterpret_cast<uint32_t *>(rawring + R * kRaw);
+    float *wscale = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(table) + C::L::kTable);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+
+    // The pair table; what the whole weight shares goes to the output.
+    float out_mul = 1.0f;
+    const float book = fill_pair_table<Dec, C::kCopies>(table, codebook, k);
+    if constexpr (Dec::kUsesCodebook) {
+        const float shift = dec.sb == 1 ? 256.0f : 1.0f;
+        out_mul = dec.scale_mul * book / shift;
+        dec.scale_mul = shift;
+    }
+    const auto my_table = lane_table<C::kCopies>(table);
+
+    const int64_t chunks = k_in / kChunk;
+    const int64_t stages = (chunks + 1) / 2;
+    const int64_t tiles_n = (n_out + kRows - 1) / kRows, tiles_m = (m + BN - 1) / BN;
+    const int64_t tile = blockIdx.x;
+    constexpr int kGroup = 8;
+    const int64_t group = tile / (kGroup * tiles_n), first_m = group * kGroup;
+    const int64_t group_m = tiles_m - first_m < kGroup ? tiles_m - first_m : kGroup;
+    const int64_t in_group = tile - group * kGroup * tiles_n;
+    const int64_t n0 = (in_group / group_m) * kRows, m0 = (first_m + in_group % group_m) * BN;
+    const int split = blockIdx.y;
+    const int64_t s_begin = stages * split / splits, s_end = stages * (split + 1) / splits;
+    const int m_rows = static_cast<int>(m - m0 < BN ? m - m0 : BN);
+    const auto *xb = reinterpret_cast<const uint8_t *>(x);
+
+    // What each thread copies of every stage, fixed for the kernel (only a stage offset
+    // shared by all threads moves), pinned in registers: x units (row u / 8, 16-byte unit
+    // q = u % 8) into the swizzled tile (rows past m read row 0, zero-filled); stored W
+    // rows' 16- or 4-byte units (rows past n_out read row n_out - 1: decoded, never
+    // stored); the tiled W half segment of lane 4 (p % 8) + p / 8 to position p of tile
+    // j = tid / 32 (so that the 8 threads of a shared-memory phase decode rows g = 0..7
+    // of one unit column: conflict-free swizzled stores); 4-byte scale words.
+    const uint32_t x_slot0 = smem_address(xring), raw_slot0 = smem_address(rawring);
+    constexpr int kXCopies = BN * 8 / kThreads90;
+    const uint8_t *x_src[kXCopies];
+    uint32_t x_dst[kXCopies], x_bytes[kXCopies];
+#pragma unroll
+    for (int i = 0; i < kXCopies; ++i) {
+        const int u = tid + i * kThreads90, row = u >> 3, q = u & 7;
+        x_src[i] = pinned(xb + ((m0 + (row < m_rows ? row : 0)) * k_in) * 2 + q * 16);
+        x_dst[i] = pinned(swizzled(row, q));
+        x_bytes[i] = pinned(row < m_rows ? 16u : 0u);
+    }
+    const bool x_second = (tid & 7) >= 4;  // this thread's x units hold the stage's second chunk
+    constexpr int kWUnits = kSrc == kStored ? kRawRow / kWUnit : 1;
+    constexpr int kWCopies = kSrc == kStored ? (kRows * kWUnits + kThreads90 - 1) / kThreads90 : 1;
+    const uint8_t *w_src[kWCopies];
+    uint32_t w_dst[kWCopies], w_end[kWCopies];
+    if constexpr (kSrc == kStored) {
+#pragma unroll
+        for (int i = 0; i < kWCopies; ++i) {
+            const int u = tid + i * kThreads90, row = u / kWUnits, q = u % kWUnits;
+            w_src[i] = pinned(dec.packed + (min(n0 + row, n_out - 1) * chunks) * Dec::kChunkBytes +
+                              q * kWUnit);
+            w_dst[i] = pinned(static_cast<uint32_t>(row * kRawRow + q * kWUnit));
+            // the unit's end within the row's stage (past 2 chunks: no copy)
+            w_end[i] = pinned(row < kRows ? static_cast<uint32_t>((q + 1) * kWUnit) : 0xFFFFu);
+        }
+    } else {
+        constexpr int kHalf = 4 * Dec::kK;
+        const int tj = tid >> 5, tlane = 4 * (lane & 7) + (lane >> 3);
+        const int64_t tl = n0 / 16 + tj;
+        w_src[0] = pinned(dec.packed + ((tl < dec.geo.tiles ? tl : 0) * dec.geo.groups * 32 + tlane) *
+                                           (2 * kHalf));
+        w_dst[0] = pinned(static_cast<uint32_t>(tid * kHalf));
+        w_end[0] = pinned(tl < dec.geo.tiles ? 1u : 0u);  // live
+    }
+    // Scales: the byte offset of a row's first scale of stage s is its own part plus the
+    // stage's (stored: chunk index row * chunks + 2 s through the format's offset).
+    auto row_part = [&](int64_t r) -> int64_t {
+        if constexpr (kSrc == kTiled) return ((r / 16) * dec.geo.groups * 64 + (r % 16) * 4) * dec.sb;
+        else return r * chunks;
+    };
+    auto first_scale = [&](int64_t part, int64_t s) -> int64_t {
+        if constexpr (kSrc == kTiled) return part + ((s >> 1) * 64 + (s & 1) * 2) * dec.sb;
+        else return dec.scale_offset(part + 2 * s);
+    };
+    // issue: scale words of rows tid / 4 and tid / 4 + 64 (word tid % 4 of each window);
+    // scales(): row tid / 2
+    const int64_t s_part[2] = {pinned(row_part(min(n0 + tid / 4, n_out - 1))),
+                               pinned(row_part(min(n0 + tid / 4 + 64, n_out - 1)))};
+    const int64_t my_part = pinned(row_part(min(n0 + (tid >> 1), n_out - 1)));
+
+    // Issues stage s into ring slot `slot` (one commit group a call, empty past the end);
+    // a stage's second chunk past k_in is zero-filled (x) or stale (W: its scale is 0).
+    auto issue = [&](int64_t s, int slot) {
+        if (s < s_end) {
+            const uint32_t xa = x_slot0 + slot * kXBytes;
+            const uint32_t raw_a = raw_slot0 + slot * kRaw;
+            const bool both = 2 * s + 1 < chunks;
+            const int64_t x_off = s * (kBK * 2);
+#pragma unroll
+            for (int i = 0; i < kXCopies; ++i)
+                cp_async16(xa + x_dst[i], x_src[i] + x_off, both || !x_second ? x_bytes[i] : 0);
+            if constexpr (kSrc == kTiled) {
+                constexpr int kHalf = 4 * Dec::kK;
+                constexpr int kUnit = kHalf % 16 == 0 ? 16 : (kHalf % 8 == 0 ? 8 : 4);
+                const uint8_t *src = w_src[0] + (s >> 1) * (64 * kHalf) + (s & 1) * kHalf;
+                const int bytes = w_end[0] ? kUnit : 0;
+#pragma unroll
+                for (int q = 0; q < kHalf / kUnit; ++q) {
+                    const uint32_t dst = raw_a + w_dst[0] + q * kUnit;
+                    if constexpr (kUnit == 16) cp_async16(dst, src + q * kUnit, bytes);
+                    else if constexpr (kUnit == 8) cp_async8(dst, src + q * kUnit, bytes);
+                    else cp_async4(dst, src + q * kUnit, bytes);
+                }
+            } else {
+                const uint32_t limit = (both ? 2 : 1) * Dec::kChunkBytes;
+                const int64_t w_off = s * (2 * Dec::kChunkBytes);
+#pragma unroll
+                for (int i = 0; i < kWCopies; ++i) {
+                    if (w_end[i] > limit) continue;
+                    if constexpr (kWUnit == 16) cp_async16(raw_a + w_dst[i], w_src[i] + w_off, 16);
+                    else cp_async4(raw_a + w_dst[i], w_src[i] + w_off, 4);
+                }
+            }
+            // the 4 words from the one holding a row's first scale of the stage
+            const uint32_t scales_a = raw_a + kRows * kRawRow + (tid / 4) * 16 + (tid % 4) * 4;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int64_t off = (first_scale(s_part[i], s) & ~int64_t{3}) + 4 * (tid % 4);
+                cp_async4(scales_a + i * 64 * 16, dec.absmax + (off < dec.absmax_bytes ? off : 0),
+                          inside(off, dec.absmax_bytes, 4));
+            }
+        }
+        cp_async_commit();
+    };
+
+    // The stage's float32 scales, one a thread: row tid / 2, chunk tid % 2 (0 past k_in).
+    const uint32_t my_window = static_cast<uint32_t>(kRows * kRawRow + (tid >> 1) * 16);
+    auto scales = [&](int64_t s, int slot) {
+        const uint8_t *raw = rawring + slot * kRaw;
+        const int ch = tid & 1;
+        const int64_t first = first_scale(my_part, s);
+        int delta;  // of chunk 2 s + ch's scale from chunk 2 s's
+        if constexpr (kSrc == kTiled) delta = ch * dec.sb;
+        else delta = dec.scale_delta(my_part + 2 * s, ch);
+        const float f = dec.scale(raw + my_window + static_cast<int>(first & 3) + delta);
+        wscale[tid] = 2 * s + ch < chunks ? f : 0.0f;
+    };
+
+    // Decodes stage s into tile buffer `buf`: pairs of T times their block's scale.
+    auto decode = [&](int buf, int slot) {
+        uint8_t *out = wtile + buf * kTileBytes;
+        const uint8_t *raw = rawring + slot * kRaw;
+        auto put = [&](int row, int unit, int chunk, uint32_t (&p)[4]) {
+            scale_pairs(T{}, p, wscale[row * 2 + chunk]);
+            *reinterpret_cast<uint4 *>(out + swizzled(row, unit)) = make_uint4(p[0], p[1], p[2], p[3]);
+        };
+        if constexpr (kSrc == kTiled) {
+            // Lane (g, t) = (lane % 8, lane / 8) of tile j: rows 16 j + g, + 8 of both
+            // chunks u, elements 8 t .. 8 t + 7: fields 8 u + 4 h + i of its half segment.
+            constexpr int K = Dec::kK;
+            uint32_t w[K];
+            const uint8_t *seg = raw + tid * 4 * K;
+            if constexpr (K == 4) {
+                const uint4 v = *reinterpret_cast<const uint4 *>(seg);
+                w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+            } else if constexpr (K == 2) {
+                const uint2 v = *reinterpret_cast<const uint2 *>(seg);
+                w[0] = v.x, w[1] = v.y;
+            } else {
+#pragma unroll
+                for (int q = 0; q < K; ++q) w[q] = reinterpret_cast<const uint32_t *>(seg)[q];
+            }
+            const int j = tid >> 5, g = lane & 7, t = lane >> 3;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t p[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) p[i] = my_table[gemm::stream_field<K>(w, 8 * u + 4 * h + i)];
+                    put(16 * j + g + 8 * h, 4 * u + t, u, p);
+                }
+            }
+        } else {
+            // Unit du = tid % 8 (chunk du / 4, elements 8 (du % 4) ..) of rows tid / 8 + 32 j.
+            const int du = tid & 7;
+#pragma unroll
+            for (int j = 0; j < kRows * 8 / kThreads90; ++j) {
+                const int row = (tid >> 3) + 32 * j;
+                uint32_t p[4];
+                dec.pairs(raw + row * kRawRow + (du >> 2) * Dec::kChunkBytes, du & 3, my_table, p);
+                put(row, du, du >> 2, p);
+            }
+        }
+        fence_proxy_async();
+    };
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+    // A stage's four k16 steps: W rows 64 wg .. of tile buffer buf (A), the x slot (B).
+    auto multiply = [&](int buf, int slot) {
+        const uint32_t a = smem_address(wtile + buf * kTileBytes + wg * 64 * kRowBytes);
+        const uint32_t b = smem_address(xring + slot * kXBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+            wgmma(typename NTag<BN>::type{}, T{}, acc, descriptor(a + 32 * kk), descriptor(b + 32 * kk), 1);
+        wgmma_commit();
+    };
+
+    // Prologue: R stages in flight; stages s_begin and s_begin + 1 decoded and multiplying.
+#pragma unroll 1
+    for (int i = 0; i < R; ++i) issue(s_begin + i, i);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (s_begin + i < s_end) {
+            if (i == 0) cp_async_wait<R - 1>();
+            else cp_async_wait<R - 2>();
+            __syncthreads();
+            scales(s_begin + i, i);
+            __syncthreads();
+            decode(i, i);
+            __syncthreads();
+            multiply(i, i);
+        }
+    }
+    // Stage s + 2 is decoded while stages s and s + 1 multiply; then every warpgroup
+    // waits for stage s's wgmma, the CTA meets (slot s and tile s are free, tile s + 2 is
+    // written), refills slot s with stage s + R, and multiplies stage s + 2.
+    int slot = 0, buf = 0;  // of stage s
+    for (int64_t s = s_begin; s < s_end; ++s) {
+        const bool decode_next = s + 2 < s_end;
+        const int slot2 = slot + 2 < R ? slot + 2 : slot + 2 - R;
+        const int buf2 = buf == 0 ? 2 : buf - 1;
+        if (decode_next) {
+            cp_async_wait<R - 3>();
+            __syncthreads();
+            scales(s + 2, slot2);
+            __syncthreads();
+            decode(buf2, slot2);
+        }
+        wgmma_wait<1>();
+        fence_operands(acc);
+        __syncthreads();
+        issue(s + R, slot);
+        if (decode_next) multiply(buf2, slot2);
+        slot = slot + 1 == R ? 0 : slot + 1;
+        buf = buf == 2 ? 0 : buf + 1;
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+    cp_async_wait<0>();
+
+    // Epilogue. acc[4 j + e]: W row 64 wg + 16 (warp % 4) + g (+ 8 for e >= 2), x row
+    // 8 j + 2 t (+ 1 for odd e).
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t w_base = n0 + 64 * wg + 16 * (warp & 3) + g, x_base = m0 + 2 * t;
+    auto store = [&](int i, float v) {
+        const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
+        if (wr < n_out && xr < m) {
+            v *= out_mul;
+            if (bias) v += load_f32(T{}, bias[wr]);
+            y[xr * n_out + wr] = store_cast(T{}, v);
+        }
+    };
+    if (splits == 1) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
+        return;
+    }
+    gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store);
+}
+
+// The launch for one decoder: the plan's CTA shape and split; the split only with a
+// workspace of the plan's size (else one split, always correct).
+template <class T, class Dec, int kSrc, int BN, int kWUnit>
+cudaError_t launch_bn(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                      int64_t k_in, int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
+                      void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    using St = typename T::storage;
+    constexpr auto kernel = gemm90_kernel<T, Dec, kSrc, BN, kWUnit>;
+    constexpr int smem = Config<Dec, BN>::kSmemBytes;
+    cudaError_t err = allow_smem<kernel>(smem);
+    if (err != cudaSuccess) return err;
+    const bool split = plan.splits > 1 && workspace != nullptr &&
+                       workspace_bytes >= static_cast<size_t>(plan.workspace);
+    const int splits = split ? plan.splits : 1;
+    float *partials = split ? static_cast<float *>(workspace) : nullptr;
+    unsigned *counters = split ? reinterpret_cast<unsigned *>(
+                                     static_cast<uint8_t *>(workspace) +
+                                     plan.tiles * splits * BN * kRows * 4)
+                               : nullptr;
+    cudaGetLastError();
+    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(splits)), kThreads90,
+             smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
+                             static_cast<const St *>(bias), static_cast<St *>(y), splits,
+                             partials, counters);
+    return launch_error();
+}
+
+template <class T, class Dec, int kSrc, int kWUnit>
+cudaError_t launch(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                   int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+    GemmPlan plan = gemm90_plan(m, k_in, n_out);
+    if (plan.bm == 256 && !Config<Dec, 256>::kBuilt) plan = gemm90_plan(m, k_in, n_out, 128);
+    switch (plan.bm) {
+#define KBIT_GEMM90_BN(BN)                                                                     \
+    case BN:                                                                                   \
+        return launch_bn<T, Dec, kSrc, BN, kWUnit>(dec, codebook, k, x, m, k_in, n_out, bias, y, \
+                                                   plan, workspace, workspace_bytes, stream);
+        KBIT_GEMM90_BN(32)
+        KBIT_GEMM90_BN(64)
+        KBIT_GEMM90_BN(128)
+#undef KBIT_GEMM90_BN
+    case 256:
+        if constexpr (Config<Dec, 256>::kBuilt)
+            return launch_bn<T, Dec, kSrc, 256, kWUnit>(dec, codebook, k, x, m, k_in, n_out, bias,
+                                                        y, plan, workspace, workspace_bytes, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+// Stored kbit / NF4 / FP4: W copied in 16-byte units where every row's stage (two
+// chunks) starts on 16 bytes (K = 2, 4 and NF4 / FP4, aligned), else in 4-byte ones.
+template <class T, class Dec>
+cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                          int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
+                          size_t workspace_bytes, cudaStream_t stream) {
+    if constexpr ((2 * Dec::kChunkBytes) % 16 == 0) {
+        if (aligned(dec.packed, 16) && (k_in / kChunk) * Dec::kChunkBytes % 16 == 0)
+            return launch<T, Dec, kStored, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                               workspace, workspace_bytes, stream);
+    }
+    return launch<T, Dec, kStored, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, workspace,
+                                      workspace_bytes, stream);
+}
+
+#endif  // KBIT_SM90A
+
+}  // namespace
+
+#if KBIT_SM90A
+
+bool built() { return true; }
+
+cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
+                   int64_t n_out, const void *bias, void *y, void *workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+    cudaError_t err = cudaErrorInvalidValue;
+    const int sb = static_cast<int>(absmax_align(w.fmt));
+    const auto *packed = static_cast<const uint8_t *>(w.packed);
+    const auto *absmax = static_cast<const uint8_t *>(w.absmax);
+    with_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, F32>) {
+            with_k(w.k, [&](auto kc) {
+                if (w.tiled) {
+                    using Dec = TiledScale<T, kc.value>;
+                    const Dec dec{{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
+                                   w.fmt, sb},
+                                  tiled::geometry(n_out, k_in)};
+                    err = launch<T, Dec, kTiled, 16>(dec, w.codebook, w.k, x, m, k_in, n_out, bias,
+                                                     y, workspace, workspace_bytes, stream);
+                } else {
+                    using Dec = KbitAnyScale<T, kc.value>;
+                    const Dec dec{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
+                                  w.fmt, sb};
+                    err = launch_stored<T>(dec, w.codebook, w.k, x, m, k_in, n_out, bias, y,
+                                           workspace, workspace_bytes, stream);
+                }
+                return KBIT_SUCCESS;
+            });
+        }
+        return KBIT_SUCCESS;
+    });
+    return err;
+}
+
+cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
+                   int64_t n_out, const void *bias, void *y, void *workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+    cudaError_t err = cudaErrorInvalidValue;
+    const auto *packed = static_cast<const uint8_t *>(w.packed);
+    const auto *absmax = reinterpret_cast<const uint8_t *>(w.absmax);
+    with_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, F32>) {
+            auto run = [&](auto fmt) {
+                using Dec = Bnb4Staged<T, decltype(fmt)>;
+                const Dec dec{packed, absmax, w.packed_bytes, w.absmax_bytes, w.log2_blocksize - 5};
+                err = launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, workspace,
+                                       workspace_bytes, stream);
+            };
+            if (w.fp4) run(bnb4::Fp4{});
+            else run(bnb4::Nf4{});
+        }
+        return KBIT_SUCCESS;
+    });
+    return err;
+}
+
+#else  // a build without sm_90: the GEMM of gemm.cuh serves every GPU
+
+bool built() { return false; }
+cudaError_t matmul(const KbitWeight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
+                   const void *, void *, void *, size_t, cudaStream_t) {
+    return cudaErrorNotSupported;
+}
+cudaError_t matmul(const Bnb4Weight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
+                   const void *, void *, void *, size_t, cudaStream_t) {
+    return cudaErrorNotSupported;
+}
+
+#endif
+
+}  // namespace sm90
+}  // namespace matmul
+}  // namespace kbit

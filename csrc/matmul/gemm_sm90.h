@@ -1,0 +1,50 @@
+// The wgmma GEMM for Hopper (gemm_sm90.cu), as gemv.cu's entries call it: plain arguments,
+// the kernels' templates stay inside that file (built for sm_90a alone).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../core/status.h"
+
+namespace kbit {
+namespace matmul {
+namespace sm90 {
+
+// Whether this library carries the sm_90a kernels (its CUDA architectures named 90); they
+// run on compute capability 9.0 alone.
+bool built();
+
+// A kbit weight, stored (kbit_quantize's layout) or tiled (kbit_tile's); bytes of its two
+// arrays; the call's tensor_scale and codebook (NULL: the built-in one).
+struct KbitWeight {
+    bool tiled;
+    const void *packed, *absmax;
+    int64_t packed_bytes, absmax_bytes;
+    kbit_absmax_format fmt;
+    float tensor_scale;
+    const float *codebook;
+    int k;
+};
+
+// NF4 (fp4 = false) or FP4 with float32 block scales every 2^log2_blocksize elements.
+struct Bnb4Weight {
+    bool fp4;
+    const void *packed;
+    const float *absmax;
+    int64_t packed_bytes, absmax_bytes;
+    int log2_blocksize;
+};
+
+// y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
+// aligned), m >= 1 rows; split k through the workspace where the plan asks for it
+// (formats/matmul.h: gemm90_plan) and the workspace is large enough, else one split.
+cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
+                   int64_t n_out, const void *bias, void *y, void *workspace,
+                   size_t workspace_bytes, cudaStream_t stream);
+cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
+                   int64_t n_out, const void *bias, void *y, void *workspace,
+                   size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace sm90
+}  // namespace matmul
+}  // namespace kbit
