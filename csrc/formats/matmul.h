@@ -153,13 +153,12 @@ inline int gemm_bm(int64_t m) { return m <= 16 ? 16 : m <= 64 ? 32 : 128; }
 // The split chosen for a shape: tiles times splits stays within about one wave of CTAs
 // (132 SMs; the 128-row configuration fits one CTA an SM, the smaller ones two) and each
 // split keeps at least 8 stages; sizes are fixed by the shape alone, not by the device.
-inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
+// The plan of CTAs of bm rows of x for a shape (m, k_in, n_out > 0); `room`: CTAs a wave.
+inline GemmPlan plan_for(int bm, int64_t room, int64_t m, int64_t k_in, int64_t n_out) {
     GemmPlan p;
-    if (m < kGemmMinM || k_in <= 0 || n_out <= 0) return p;
-    p.bm = gemm_bm(m);
+    p.bm = bm;
     p.tiles = ((m + p.bm - 1) / p.bm) * ((n_out + kGemmRows - 1) / kGemmRows);
     p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
-    const int64_t room = p.bm == 128 ? 132 : 264;
     int64_t s = room / p.tiles;
     if (s > p.stages / 8) s = p.stages / 8;
     if (s > 16) s = 16;
@@ -169,6 +168,12 @@ inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
     return p;
 }
 
+inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
+    if (m < kGemmMinM || k_in <= 0 || n_out <= 0) return GemmPlan{};
+    const int bm = gemm_bm(m);
+    return plan_for(bm, bm == 128 ? 132 : 264, m, k_in, n_out);
+}
+
 // The wgmma GEMM of Hopper GPUs (csrc/matmul/gemm_sm90.cu), from m = kGemm90MinM: CTAs
 // of kGemmRows rows of W by bm = 32, 64, 128 or 256 rows of x (the wgmma's N: the
 // smallest that holds m, and 256 only where that still gives a wave of tiles), one CTA
@@ -176,20 +181,10 @@ inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
 // 256 rows of x takes 128.
 constexpr int64_t kGemm90MinM = 17;
 inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm = 256) {
-    GemmPlan p;
-    if (m < kGemm90MinM || k_in <= 0 || n_out <= 0) return p;
+    if (m < kGemm90MinM || k_in <= 0 || n_out <= 0) return GemmPlan{};
     const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows;
-    p.bm = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 || tiles_n * ((m + 255) / 256) < 132 ? 128 : 256;
-    if (p.bm > max_bm) p.bm = max_bm;
-    p.tiles = ((m + p.bm - 1) / p.bm) * tiles_n;
-    p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
-    int64_t s = 132 / p.tiles;
-    if (s > p.stages / 8) s = p.stages / 8;
-    if (s > 16) s = 16;
-    if (s < 2) return p;
-    p.splits = static_cast<int>(s);
-    p.workspace = p.tiles * s * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
-    return p;
+    int bm = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 || tiles_n * ((m + 255) / 256) < 132 ? 128 : 256;
+    return plan_for(bm < max_bm ? bm : max_bm, 132, m, k_in, n_out);
 }
 
 // kbit_matmul_workspace_bytes: enough for either GEMM (the device picks one at the call).

@@ -385,6 +385,25 @@ __device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t 
     if (tid == 0) counters[tile] = 0u;
 }
 
+// The split-K arguments of a launch: the plan's split only with a workspace of the plan's
+// size (else one split, always correct); partial tiles of bm x kGemmRows floats, then one
+// arrival counter a tile.
+struct SplitArgs {
+    int splits = 1;
+    float *partials = nullptr;
+    unsigned *counters = nullptr;
+};
+inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_t workspace_bytes) {
+    SplitArgs a;
+    if (plan.splits < 2 || workspace == nullptr || workspace_bytes < static_cast<size_t>(plan.workspace))
+        return a;
+    a.splits = plan.splits;
+    a.partials = static_cast<float *>(workspace);
+    a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
+                                              plan.tiles * a.splits * bm * kGemmRows * 4);
+    return a;
+}
+
 }  // namespace gemm
 
 }  // namespace

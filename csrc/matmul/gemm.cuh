@@ -432,19 +432,12 @@ cudaError_t launch_bm(const Dec &dec, const float *codebook, int k, const void *
     const int smem = smem_bytes<Dec, kSrc>(BM);
     cudaError_t err = allow_smem<kernel>(smem);
     if (err != cudaSuccess) return err;
-    const bool split = plan.splits > 1 && workspace != nullptr &&
-                       workspace_bytes >= static_cast<size_t>(plan.workspace);
-    const int splits = split ? plan.splits : 1;
-    float *partials = split ? static_cast<float *>(workspace) : nullptr;
-    unsigned *counters = split ? reinterpret_cast<unsigned *>(
-                                     static_cast<uint8_t *>(workspace) +
-                                     plan.tiles * splits * BM * kGemmRows * 4)
-                               : nullptr;
+    const gemm::SplitArgs sp = gemm::split_args(plan, BM, workspace, workspace_bytes);
     cudaGetLastError();
-    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(splits)), kThreads,
+    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), kThreads,
              smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
-                             static_cast<const St *>(bias), static_cast<St *>(y), splits,
-                             partials, counters);
+                             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
+                             sp.partials, sp.counters);
     return launch_error();
 }
 

@@ -103,21 +103,25 @@ __device__ __forceinline__ const uint8_t *pinned(const uint8_t *p) {
 }
 
 // Four pairs of T times one factor (rounded to T first).
-__device__ __forceinline__ void scale_pairs(F16, uint32_t (&p)[4], float f) {
-    const __half2 s = __float2half2_rn(f);
+template <class T>
+struct Pair;
+template <>
+struct Pair<F16> {
+    using type = __half2;
+    static __device__ __forceinline__ type of(float f) { return __float2half2_rn(f); }
+};
+template <>
+struct Pair<BF16> {
+    using type = __nv_bfloat162;
+    static __device__ __forceinline__ type of(float f) { return __float2bfloat162_rn(f); }
+};
+template <class T>
+__device__ __forceinline__ void scale_pairs(T, uint32_t (&p)[4], float f) {
+    using P = typename Pair<T>::type;
+    const P s = Pair<T>::of(f);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        __half2 v = *reinterpret_cast<const __half2 *>(&p[i]);
-        v = __hmul2(v, s);
-        p[i] = *reinterpret_cast<const uint32_t *>(&v);
-    }
-}
-__device__ __forceinline__ void scale_pairs(BF16, uint32_t (&p)[4], float f) {
-    const __nv_bfloat162 s = __float2bfloat162_rn(f);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(&p[i]);
-        v = __hmul2(v, s);
+        const P v = __hmul2(*reinterpret_cast<const P *>(&p[i]), s);
         p[i] = *reinterpret_cast<const uint32_t *>(&v);
     }
 }
@@ -147,8 +151,12 @@ struct Config {
     using L = Layout<Dec, BN, kCopies>;
     static constexpr int kRing = L::kRing;
     static constexpr bool kBuilt = kRing >= 4;
-    static constexpr int kSmemBytes = L::kFixed + kRing * L::kSlot;
 };
+template <class Dec, int BN>
+constexpr int smem_bytes() {
+    using C = Config<Dec, BN>;
+    return C::L::kFixed + C::kRing * C::L::kSlot;
+}
 
 template <class T, class Dec, int kSrc, int BN, int kWUnit>
 __global__ void __launch_bounds__(kThreads90, 1)
@@ -449,22 +457,15 @@ cudaError_t launch_bn(const Dec &dec, const float *codebook, int k, const void *
                       void *workspace, size_t workspace_bytes, cudaStream_t stream) {
     using St = typename T::storage;
     constexpr auto kernel = gemm90_kernel<T, Dec, kSrc, BN, kWUnit>;
-    constexpr int smem = Config<Dec, BN>::kSmemBytes;
+    constexpr int smem = smem_bytes<Dec, BN>();
     cudaError_t err = allow_smem<kernel>(smem);
     if (err != cudaSuccess) return err;
-    const bool split = plan.splits > 1 && workspace != nullptr &&
-                       workspace_bytes >= static_cast<size_t>(plan.workspace);
-    const int splits = split ? plan.splits : 1;
-    float *partials = split ? static_cast<float *>(workspace) : nullptr;
-    unsigned *counters = split ? reinterpret_cast<unsigned *>(
-                                     static_cast<uint8_t *>(workspace) +
-                                     plan.tiles * splits * BN * kRows * 4)
-                               : nullptr;
+    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     cudaGetLastError();
-    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(splits)), kThreads90,
+    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), kThreads90,
              smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
-                             static_cast<const St *>(bias), static_cast<St *>(y), splits,
-                             partials, counters);
+                             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
+                             sp.partials, sp.counters);
     return launch_error();
 }
 
