@@ -524,6 +524,38 @@ def test_gpu_gemm(rng, family, dtype):
                   f"k_in={k_in} workspace={workspace_bytes(m, k_in, n_out)}")
 
 
+@requires_gpu
+@pytest.mark.parametrize("family", ["kbit", "nf4"])
+def test_gpu_gemm_wide_shapes(rng, family):
+    """The stored layouts through the GEMM's widest CTA on sm_90: 8500 rows of W (67 row
+    tiles), m = 300 (two tiles of 256 rows of x, the second partial), k_in = 1056 (33
+    chunks, an odd count: the last stage half empty); against the reference and the host."""
+    w, w64 = gpu_case(rng, family, 8500, 1056, k=4, fmt="e4m4", blocksize=32)
+    for dtype in ("float16", "bfloat16"):
+        check_gpu(rng, w, w64, 300, dtype, True, f"{family} {dtype} wide")
+
+
+@requires_gpu
+@pytest.mark.parametrize("tiled", [False, True])
+def test_gpu_gemm_fp32_scales_beyond_fp16(rng, tiled):
+    """kbit weights whose fp32 block scales lie beyond fp16's range, with fp16 x, in the
+    GEMM (m = 40): those scales stay float32 (the wgmma GEMM, which rounds scale times
+    codebook value to x's type, is not taken), so y is finite and within the bound."""
+    n_out, k_in, m = 131, 256, 40
+    w = (rng.standard_normal((n_out, k_in)) * 1e5).astype(np.float32)
+    q = kbit.quantize(w, k=4, absmax="fp32")
+    w64 = R.dequantize_kbit(q.packed, q.absmax, 4, w.size, None, "fp32",
+                            q.tensor_scale).astype(np.float64).reshape(n_out, k_in)
+    assert np.abs(w64).max() > 65504
+    wq = to_device(q)
+    if tiled:
+        wq = kbit.tile(wq)
+    x = (rng.standard_normal((m, k_in)) * 1e-3).astype(np.float16)
+    y = from_cuda(kbit.matmul(cuda_x(x, "float16"), wq), "float16")
+    check_accuracy(y, reference(x, w64, None, "float16"), "float16",
+                   f"fp32 scales beyond fp16, tiled={tiled}", magnitude(x, w64, "float16"))
+
+
 def test_workspace_bytes():
     """The split-K workspace: none below the GEMM's m or with enough tiles, some for few
     tiles and long rows; -1 for negative sizes."""

@@ -159,3 +159,22 @@ def test_gpu_streamed_gemv_shapes(rng, k):
             scale = magnitude(x, w64, dtype)
             check_accuracy(y, reference(x, w64, bias, dtype), dtype,
                            f"streamed K={k} {n_out}x{k_in} m={m}", scale)
+
+
+@requires_gpu
+@pytest.mark.parametrize("k,fmt", [(2, "fp32"), (4, "e4m4"), (5, "fp16")])
+def test_gpu_gemm_wide_shapes(rng, k, fmt):
+    """Enough output tiles for the GEMM's widest CTA on sm_90 (8500 rows of W are 67 row
+    tiles; m = 300 is two tiles of 256 rows of x, the second partial), a long run of k
+    stages with an odd chunk count (k_in = 1056: 33 chunks, the last stage half empty);
+    K = 5 takes 128 rows of x (its pair table leaves no room for 256), fp32 scales with
+    fp16 x the mma.sync GEMM. Against the float64 reference, with bias."""
+    n_out, k_in, m = 8500, 1056, 300
+    q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+    t = kbit.tile(on_cuda(q))
+    for dtype in ("float16", "bfloat16"):
+        x = random_x(rng, (m, k_in), dtype)
+        bias = random_x(rng, (n_out,), dtype)
+        y = from_cuda(kbit.matmul(cuda_x(x, dtype), t, cuda_x(bias, dtype)), dtype)
+        check_accuracy(y, reference(x, w64, bias, dtype), dtype,
+                       f"tiled K={k} {fmt} {dtype} m={m}", magnitude(x, w64, dtype))

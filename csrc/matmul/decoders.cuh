@@ -114,6 +114,22 @@ __device__ __forceinline__ int inside(int64_t off, int64_t total, int unit) {
 // the lower element in the low half; scale_offset(c) is the byte offset of chunk c's
 // scale in the scale array, scale(s) the chunk's float32 factor from the bytes at s.
 
+// K consecutive 32-bit words from p (aligned to 16 bytes for K = 4, 8 for K = 2): one
+// vector load where the alignment allows it.
+template <int K>
+__device__ __forceinline__ void load_words(const uint8_t *p, uint32_t (&w)[K]) {
+    if constexpr (K == 4) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(p);
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else if constexpr (K == 2) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        w[0] = u.x, w[1] = u.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < K; ++j) w[j] = reinterpret_cast<const uint32_t *>(p)[j];
+    }
+}
+
 // kbit: K bit-plane words per chunk and one scale.
 template <class T, int K, kbit_absmax_format FMT>
 struct KbitStaged {
@@ -147,16 +163,7 @@ struct KbitStaged {
                                           const Table &table,
                                           uint32_t (&p)[4]) const {
         uint32_t v[K];
-        if constexpr (K == 4) {
-            const uint4 u = *reinterpret_cast<const uint4 *>(w);
-            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-        } else if constexpr (K == 2) {
-            const uint2 u = *reinterpret_cast<const uint2 *>(w);
-            v[0] = u.x, v[1] = u.y;
-        } else {
-#pragma unroll
-            for (int j = 0; j < K; ++j) v[j] = reinterpret_cast<const uint32_t *>(w)[j];
-        }
+        load_words(w, v);
         const uint32_t sel = static_cast<uint32_t>(t) | static_cast<uint32_t>(t + 4) << 4;
         const uint32_t lo = __byte_perm(v[0], v[1], sel);
         const uint32_t hi = K >= 3 ? __byte_perm(v[2], K >= 4 ? v[3] : 0u, sel) : 0u;
@@ -383,6 +390,46 @@ __device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t 
         store(i, v);
     }
     if (tid == 0) counters[tile] = 0u;
+}
+
+// The output tile of CTA `tile`: W rows from n0, x rows from m0. Tiles go in groups of
+// kGroup rows of m-tiles, m fastest inside a group: the CTAs in flight share a few x tiles
+// and W tiles, which L2 then serves.
+struct TileOrigin {
+    int64_t n0, m0;
+};
+__device__ __forceinline__ TileOrigin tile_origin(int64_t tile, int64_t m, int64_t n_out, int bm) {
+    constexpr int kGroup = 8;
+    const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows, tiles_m = (m + bm - 1) / bm;
+    const int64_t group = tile / (kGroup * tiles_n), first_m = group * kGroup;
+    const int64_t group_m = tiles_m - first_m < kGroup ? tiles_m - first_m : kGroup;
+    const int64_t in_group = tile - group * kGroup * tiles_n;
+    return {(in_group / group_m) * kGemmRows, (first_m + in_group % group_m) * bm};
+}
+
+// kBytes from src to the shared address dst by cp.async in the widest units that divide
+// them (16, 8 or 4 bytes); zeros instead where !live.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_bytes(uint32_t dst, const uint8_t *src, bool live) {
+    constexpr int kUnit = kBytes % 16 == 0 ? 16 : (kBytes % 8 == 0 ? 8 : 4);
+#pragma unroll
+    for (int q = 0; q < kBytes / kUnit; ++q) {
+        if constexpr (kUnit == 16) cp_async16(dst + q * kUnit, src + q * kUnit, live ? 16 : 0);
+        else if constexpr (kUnit == 8) cp_async8(dst + q * kUnit, src + q * kUnit, live ? 8 : 0);
+        else cp_async4(dst + q * kUnit, src + q * kUnit, live ? 4 : 0);
+    }
+}
+
+// Stored kbit / NF4 / FP4: f(unit) with the byte width of the cp.async copies of W, 16
+// where every row's stage (two chunks) starts on 16 bytes (K = 2, 4 and NF4 / FP4,
+// aligned), else 4.
+template <class Dec, class F>
+auto with_w_unit(const Dec &dec, int64_t k_in, F &&f) {
+    if constexpr ((2 * Dec::kChunkBytes) % 16 == 0) {
+        if (aligned(dec.packed, 16) && (k_in / kChunk) * Dec::kChunkBytes % 16 == 0)
+            return f(std::integral_constant<int, 16>{});
+    }
+    return f(std::integral_constant<int, 4>{});
 }
 
 // The split-K arguments of a launch: the plan's split only with a workspace of the plan's

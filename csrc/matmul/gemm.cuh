@@ -130,15 +130,9 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
 
     const int64_t chunks = k_in / kChunk;
     const int64_t stages = (chunks + 1) / 2;
-    // Tiles in groups of kGroup rows of m-tiles, m fastest inside a group: the CTAs in
-    // flight share a few x tiles and W tiles, which L2 then serves.
-    const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows, tiles_m = (m + BM - 1) / BM;
     const int64_t tile = blockIdx.x;
-    constexpr int kGroup = 8;
-    const int64_t group = tile / (kGroup * tiles_n), first_m = group * kGroup;
-    const int64_t group_m = tiles_m - first_m < kGroup ? tiles_m - first_m : kGroup;
-    const int64_t in_group = tile - group * kGroup * tiles_n;
-    const int64_t n0 = (in_group / group_m) * kGemmRows, m0 = (first_m + in_group % group_m) * BM;
+    const TileOrigin origin = tile_origin(tile, m, n_out, BM);
+    const int64_t n0 = origin.n0, m0 = origin.m0;
     const int split = blockIdx.y;
     const int64_t s_begin = stages * split / splits, s_end = stages * (split + 1) / splits;
     const int m_rows = static_cast<int>(m - m0 < BM ? m - m0 : BM);
@@ -204,19 +198,12 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
                 // Half segment s % 2 of group s / 2 of every lane of the 8 row tiles, in
                 // (tile, lane) order; tiles past the padded rows read as zeros.
                 constexpr int kHalf = 4 * Dec::kK;
-                constexpr int kUnit = kHalf % 16 == 0 ? 16 : (kHalf % 8 == 0 ? 8 : 4);
                 const int j = tid >> 5, ln = tid & 31;  // kThreads = 8 tiles x 32 lanes
                 const int64_t tl = n0 / 16 + j;
                 const bool live = tl < dec.geo.tiles;
                 const int64_t seg = ((live ? tl : 0) * dec.geo.groups + (s >> 1)) * 32 + ln;
-                const uint8_t *src = dec.packed + seg * (2 * kHalf) + (s & 1) * kHalf;
-#pragma unroll
-                for (int q = 0; q < kHalf / kUnit; ++q) {
-                    const uint32_t dst = raw_a + tid * kHalf + q * kUnit;
-                    if constexpr (kUnit == 16) cp_async16(dst, src + q * kUnit, live ? 16 : 0);
-                    else if constexpr (kUnit == 8) cp_async8(dst, src + q * kUnit, live ? 8 : 0);
-                    else cp_async4(dst, src + q * kUnit, live ? 4 : 0);
-                }
+                cp_async_bytes<kHalf>(raw_a + tid * kHalf, dec.packed + seg * (2 * kHalf) + (s & 1) * kHalf,
+                                      live);
             } else if constexpr (kSrc == kStored) {
                 const int limit = (both ? 2 : 1) * Dec::kChunkBytes;
 #pragma unroll
@@ -282,8 +269,7 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
             // 8t .. 8t+7: fields 8 u + 4 h + i of its half segment (u chunk, h row half).
             constexpr int K = Dec::kK;
             uint32_t w[K];
-#pragma unroll
-            for (int q = 0; q < K; ++q) w[q] = reinterpret_cast<const uint32_t *>(slot + tid * 4 * K)[q];
+            load_words(slot + tid * 4 * K, w);
             const int j = tid >> 5, tg = (tid & 31) >> 2, tt = tid & 3;
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
@@ -459,19 +445,14 @@ cudaError_t launch(const Dec &dec, const float *codebook, int k, const void *x, 
     return cudaErrorInvalidValue;
 }
 
-// Stored kbit / NF4 / FP4: W copied in 16-byte units where every row's stage (two
-// chunks) starts on 16 bytes (K = 2, 4 and NF4 / FP4, aligned), else in 4-byte ones.
 template <class T, class Dec>
 cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                           int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
-    if constexpr ((2 * Dec::kChunkBytes) % 16 == 0) {
-        if (aligned(dec.packed, 16) && (k_in / kChunk) * Dec::kChunkBytes % 16 == 0)
-            return launch<T, Dec, kStored, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y,
-                                               workspace, workspace_bytes, stream);
-    }
-    return launch<T, Dec, kStored, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, workspace,
-                                      workspace_bytes, stream);
+    return with_w_unit(dec, k_in, [&](auto unit) {
+        return launch<T, Dec, kStored, decltype(unit)::value>(dec, codebook, k, x, m, k_in, n_out,
+                                                             bias, y, workspace, workspace_bytes, stream);
+    });
 }
 
 template <class T, class Dec>

@@ -194,13 +194,9 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
 
     const int64_t chunks = k_in / kChunk;
     const int64_t stages = (chunks + 1) / 2;
-    const int64_t tiles_n = (n_out + kRows - 1) / kRows, tiles_m = (m + BN - 1) / BN;
     const int64_t tile = blockIdx.x;
-    constexpr int kGroup = 8;
-    const int64_t group = tile / (kGroup * tiles_n), first_m = group * kGroup;
-    const int64_t group_m = tiles_m - first_m < kGroup ? tiles_m - first_m : kGroup;
-    const int64_t in_group = tile - group * kGroup * tiles_n;
-    const int64_t n0 = (in_group / group_m) * kRows, m0 = (first_m + in_group % group_m) * BN;
+    const gemm::TileOrigin origin = gemm::tile_origin(tile, m, n_out, BN);
+    const int64_t n0 = origin.n0, m0 = origin.m0;
     const int split = blockIdx.y;
     const int64_t s_begin = stages * split / splits, s_end = stages * (split + 1) / splits;
     const int m_rows = static_cast<int>(m - m0 < BN ? m - m0 : BN);
@@ -277,16 +273,9 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
                 cp_async16(xa + x_dst[i], x_src[i] + x_off, both || !x_second ? x_bytes[i] : 0);
             if constexpr (kSrc == kTiled) {
                 constexpr int kHalf = 4 * Dec::kK;
-                constexpr int kUnit = kHalf % 16 == 0 ? 16 : (kHalf % 8 == 0 ? 8 : 4);
-                const uint8_t *src = w_src[0] + (s >> 1) * (64 * kHalf) + (s & 1) * kHalf;
-                const int bytes = w_end[0] ? kUnit : 0;
-#pragma unroll
-                for (int q = 0; q < kHalf / kUnit; ++q) {
-                    const uint32_t dst = raw_a + w_dst[0] + q * kUnit;
-                    if constexpr (kUnit == 16) cp_async16(dst, src + q * kUnit, bytes);
-                    else if constexpr (kUnit == 8) cp_async8(dst, src + q * kUnit, bytes);
-                    else cp_async4(dst, src + q * kUnit, bytes);
-                }
+                gemm::cp_async_bytes<kHalf>(raw_a + w_dst[0],
+                                            w_src[0] + (s >> 1) * (64 * kHalf) + (s & 1) * kHalf,
+                                            w_end[0] != 0);
             } else {
                 const uint32_t limit = (both ? 2 : 1) * Dec::kChunkBytes;
                 const int64_t w_off = s * (2 * Dec::kChunkBytes);
@@ -335,17 +324,7 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
             // chunks u, elements 8 t .. 8 t + 7: fields 8 u + 4 h + i of its half segment.
             constexpr int K = Dec::kK;
             uint32_t w[K];
-            const uint8_t *seg = raw + tid * 4 * K;
-            if constexpr (K == 4) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(seg);
-                w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-            } else if constexpr (K == 2) {
-                const uint2 v = *reinterpret_cast<const uint2 *>(seg);
-                w[0] = v.x, w[1] = v.y;
-            } else {
-#pragma unroll
-                for (int q = 0; q < K; ++q) w[q] = reinterpret_cast<const uint32_t *>(seg)[q];
-            }
+            load_words(raw + tid * 4 * K, w);
             const int j = tid >> 5, g = lane & 7, t = lane >> 3;
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
@@ -492,19 +471,14 @@ cudaError_t launch(const Dec &dec, const float *codebook, int k, const void *x, 
     return cudaErrorInvalidValue;
 }
 
-// Stored kbit / NF4 / FP4: W copied in 16-byte units where every row's stage (two
-// chunks) starts on 16 bytes (K = 2, 4 and NF4 / FP4, aligned), else in 4-byte ones.
 template <class T, class Dec>
 cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                           int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
-    if constexpr ((2 * Dec::kChunkBytes) % 16 == 0) {
-        if (aligned(dec.packed, 16) && (k_in / kChunk) * Dec::kChunkBytes % 16 == 0)
-            return launch<T, Dec, kStored, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y,
-                                               workspace, workspace_bytes, stream);
-    }
-    return launch<T, Dec, kStored, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, workspace,
-                                      workspace_bytes, stream);
+    return gemm::with_w_unit(dec, k_in, [&](auto unit) {
+        return launch<T, Dec, kStored, decltype(unit)::value>(dec, codebook, k, x, m, k_in, n_out,
+                                                             bias, y, workspace, workspace_bytes, stream);
+    });
 }
 
 #endif  // KBIT_SM90A

@@ -933,12 +933,13 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
 }
 
 // The wgmma GEMM (gemm_sm90.cu) takes m >= kGemm90MinM on compute capability 9.0 where
-// the build carries it. fp16 x with fp32 kbit block scales stays on the mma.sync GEMM,
-// whose scales stay float32 (the wgmma GEMM rounds block scale times codebook value to
-// the type of x, and fp32 scales may lie beyond fp16's range).
-bool use_sm90(int64_t m, kbit_dtype dtype, kbit_absmax_format fmt = KBIT_ABSMAX_E4M4) {
+// the build carries it. It rounds block scale times codebook value to the type of x, so
+// fp16 x with kbit's fp32 block scales (which may lie beyond fp16's range) stays on the
+// mma.sync GEMM, whose scales stay float32; fp32_scales: the weight is kbit with fp32
+// block scales (NF4 / FP4's fp32 scales are bitsandbytes', rounded to fp16 as it does).
+bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales) {
     if (m < kGemm90MinM || !sm90::built()) return false;
-    if (dtype == KBIT_DTYPE_FP16 && fmt == KBIT_ABSMAX_FP32) return false;
+    if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
     int major = 0;
     return compute_major(&major) == cudaSuccess && major == 9;
 }
@@ -968,7 +969,7 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                     if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                         using Dec = KbitAnyScale<T, kc.value>;
                         const int sb = static_cast<int>(absmax_align(fmt));
-                        if (use_sm90(m, dtype, fmt)) {
+                        if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32)) {
                             err = sm90::matmul(
                                 sm90::KbitWeight{false, packed, absmax, blocks * Dec::kChunkBytes,
                                                  blocks * sb, fmt, ts, codebook, k},
@@ -1030,7 +1031,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
                 if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
-                    if (use_sm90(m, dtype, fmt)) {
+                    if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32)) {
                         err = sm90::matmul(
                             sm90::KbitWeight{true, tiled_packed, tiled_absmax,
                                              tiled::packed_bytes(n_out, k_in, k),
@@ -1161,7 +1162,7 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             if constexpr (!std::is_same_v<T, F32>) {
                 const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
-                if (use_sm90(m, dtype))
+                if (use_sm90(m, dtype, false))
                     err = sm90::matmul(sm90::Bnb4Weight{std::is_same_v<Fmt, bnb4::Fp4>, packed,
                                                         absmax, n / 2, (n >> log2_bs) * 4, log2_bs},
                                        dtype, x, m, k_in, n_out, bias, y, workspace,
