@@ -350,6 +350,23 @@ __device__ __forceinline__ uint32_t stream_field(const uint32_t (&w)[N], int f) 
     return v & ((1u << (2 * K)) - 1u);
 }
 
+// A tiled lane's half segment (K words w, formats/kbit_tiled.h) as pairs: f(u, h, p) for
+// chunk u = 0, 1 and row half h = 0, 1 (rows g, g + 8 of the lane), p the four pairs of
+// elements 8 t .. 8 t + 7 (fields 8 u + 4 h + i of the stream).
+template <int K, class Table, class F>
+__device__ __forceinline__ void tiled_pairs(const uint32_t (&w)[K], const Table &table, F &&f) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t p[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[i] = table[stream_field<K>(w, 8 * u + 4 * h + i)];
+            f(u, h, p);
+        }
+    }
+}
+
 // The byte offset of the scale of (row, chunk): the stored layouts' chunks run along
 // rows; the tiled layout keeps 16 rows x 4 chunks together.
 template <int kSrc, class Dec>
@@ -449,6 +466,26 @@ inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_
     a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
                                               plan.tiles * a.splits * bm * kGemmRows * 4);
     return a;
+}
+
+// Launches Kernel (either GEMM: both take these parameters) over the plan's tiles and
+// splits with `threads` threads and `smem` bytes of dynamic shared memory; the split only
+// with a workspace of the plan's size (else one split, always correct).
+template <auto Kernel, class T, class Dec>
+cudaError_t launch_gemm(int threads, int smem, int bm, const GemmPlan &plan, const Dec &dec,
+                        const float *codebook, int k, const void *x, int64_t m, int64_t k_in,
+                        int64_t n_out, const void *bias, void *y, void *workspace,
+                        size_t workspace_bytes, cudaStream_t stream) {
+    using St = typename T::storage;
+    cudaError_t err = allow_smem<Kernel>(smem);
+    if (err != cudaSuccess) return err;
+    const SplitArgs sp = split_args(plan, bm, workspace, workspace_bytes);
+    cudaGetLastError();
+    Kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), threads,
+             smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
+                             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
+                             sp.partials, sp.counters);
+    return launch_error();
 }
 
 }  // namespace gemm

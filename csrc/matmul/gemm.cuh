@@ -271,16 +271,9 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
             uint32_t w[K];
             load_words(slot + tid * 4 * K, w);
             const int j = tid >> 5, tg = (tid & 31) >> 2, tt = tid & 3;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t p[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) p[i] = my_table[stream_field<K>(w, 8 * u + 4 * h + i)];
-                    put(16 * j + tg + 8 * h, 4 * u + tt, p, 2 * s + u < chunks);
-                }
-            }
+            tiled_pairs(w, my_table, [&](int u, int h, uint32_t (&p)[4]) {
+                put(16 * j + tg + 8 * h, 4 * u + tt, p, 2 * s + u < chunks);
+            });
         } else {
             const bool valid = 2 * s + dchunk < chunks;
 #pragma unroll
@@ -407,24 +400,14 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
                                   [&](int f, float v) { store(f / (NT * 4), (f / 4) % NT, f % 4, v); });
 }
 
-// The launch for one decoder: the plan's CTA shape and split; the split only with a
-// workspace of the plan's size (else one split, always correct).
+// The launch for one decoder and CTA shape.
 template <class T, class Dec, int kSrc, int BM, int kWUnit>
 cudaError_t launch_bm(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                       int64_t k_in, int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
                       void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    using St = typename T::storage;
-    constexpr auto kernel = gemm_kernel<T, Dec, kSrc, BM, kWUnit>;
-    const int smem = smem_bytes<Dec, kSrc>(BM);
-    cudaError_t err = allow_smem<kernel>(smem);
-    if (err != cudaSuccess) return err;
-    const gemm::SplitArgs sp = gemm::split_args(plan, BM, workspace, workspace_bytes);
-    cudaGetLastError();
-    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), kThreads,
-             smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
-                             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
-                             sp.partials, sp.counters);
-    return launch_error();
+    return launch_gemm<gemm_kernel<T, Dec, kSrc, BM, kWUnit>, T>(
+        kThreads, smem_bytes<Dec, kSrc>(BM), BM, plan, dec, codebook, k, x, m, k_in, n_out, bias, y,
+        workspace, workspace_bytes, stream);
 }
 
 template <class T, class Dec, int kSrc, int kWUnit>

@@ -326,16 +326,9 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
             uint32_t w[K];
             load_words(raw + tid * 4 * K, w);
             const int j = tid >> 5, g = lane & 7, t = lane >> 3;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint32_t p[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) p[i] = my_table[gemm::stream_field<K>(w, 8 * u + 4 * h + i)];
-                    put(16 * j + g + 8 * h, 4 * u + t, u, p);
-                }
-            }
+            gemm::tiled_pairs(w, my_table, [&](int u, int h, uint32_t (&p)[4]) {
+                put(16 * j + g + 8 * h, 4 * u + t, u, p);
+            });
         } else {
             // Unit du = tid % 8 (chunk du / 4, elements 8 (du % 4) ..) of rows tid / 8 + 32 j.
             const int du = tid & 7;
@@ -428,24 +421,14 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
     gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store);
 }
 
-// The launch for one decoder: the plan's CTA shape and split; the split only with a
-// workspace of the plan's size (else one split, always correct).
+// The launch for one decoder and CTA shape.
 template <class T, class Dec, int kSrc, int BN, int kWUnit>
 cudaError_t launch_bn(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                       int64_t k_in, int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
                       void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    using St = typename T::storage;
-    constexpr auto kernel = gemm90_kernel<T, Dec, kSrc, BN, kWUnit>;
-    constexpr int smem = smem_bytes<Dec, BN>();
-    cudaError_t err = allow_smem<kernel>(smem);
-    if (err != cudaSuccess) return err;
-    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
-    cudaGetLastError();
-    kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), kThreads90,
-             smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
-                             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
-                             sp.partials, sp.counters);
-    return launch_error();
+    return gemm::launch_gemm<gemm90_kernel<T, Dec, kSrc, BN, kWUnit>, T>(
+        kThreads90, smem_bytes<Dec, BN>(), BN, plan, dec, codebook, k, x, m, k_in, n_out, bias, y,
+        workspace, workspace_bytes, stream);
 }
 
 template <class T, class Dec, int kSrc, int kWUnit>
