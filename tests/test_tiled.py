@@ -9,8 +9,8 @@ import pytest
 import kbit
 from kbit._lib import function
 from conftest import requires_gpu
-from test_matmul import (TOL, as_f64, check_accuracy, cuda_x, from_cuda, kbit_weight,
-                         magnitude, random_x, reference)
+from test_matmul import (DT_ID, TOL, as_f64, check_accuracy, cuda_x, from_cuda, kbit_weight,
+                         magnitude, poisoned_cuda, random_x, reference, workspace_bytes)
 
 FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
 SHAPES = ((1, 32), (7, 96), (17, 160), (33, 4096), (131, 128))
@@ -159,6 +159,53 @@ def test_gpu_streamed_gemv_shapes(rng, k):
             scale = magnitude(x, w64, dtype)
             check_accuracy(y, reference(x, w64, bias, dtype), dtype,
                            f"streamed K={k} {n_out}x{k_in} m={m}", scale)
+
+
+@requires_gpu
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_gpu_streamed_gemm_shapes(rng, k):
+    """m = 9..64 (on sm_90 the streamed wgmma GEMM: 16, 32 or 64 rows of x, partial in m;
+    m <= 16 from 8192 rows of W): n_out off the CTA's 128 rows and below one row tile
+    (warps without a tile), a last chunk group of one chunk, few tiles and long rows
+    (split k), every absmax format, fp16 and bf16 x, bias; through the C entry with the
+    workspace and without it (one split), the workspace left zeroed; against the float64
+    reference."""
+    import torch
+    stream = torch.cuda.current_stream().cuda_stream
+    for i, (n_out, k_in) in enumerate(((2113, 1312), (131, 9216), (5, 4128), (300, 160),
+                                       (8200, 288))):
+        fmt = list(FORMATS)[(i + k) % 3]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(on_cuda(q))
+        for j, m in enumerate((9, 16, 17, 32, 40, 64)):
+            dtype = ("float16", "bfloat16")[(i + j) % 2]
+            x = random_x(rng, (m, k_in), dtype)
+            bias = random_x(rng, (n_out,), dtype)
+            x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
+            y_ref = reference(x, w64, bias, dtype)
+            nbytes = workspace_bytes(m, k_in, n_out)
+            ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+            for use_ws in (False, True):
+                y_t = poisoned_cuda((m, n_out), dtype)
+                status = function("kbit_matmul_kbit_tiled")(
+                    x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
+                    t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
+                    b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
+                    nbytes if use_ws else 0, stream)
+                assert status == S_OK
+                torch.cuda.synchronize()
+                check_accuracy(from_cuda(y_t, dtype), y_ref, dtype,
+                               f"streamed GEMM K={k} {fmt} {n_out}x{k_in} m={m} ws={use_ws}",
+                               magnitude(x, w64, dtype))
+                assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+    cb = np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)  # and through kbit.matmul
+    q, w64 = kbit_weight(rng, 300, 2048, k, "e4m4", codebook=cb, tensor_scale="custom")
+    t = kbit.tile(on_cuda(q))
+    for m in (12, 48):
+        x = random_x(rng, (m, 2048), "bfloat16")
+        y = from_cuda(kbit.matmul(cuda_x(x, "bfloat16"), t), "bfloat16")
+        check_accuracy(y, reference(x, w64, None, "bfloat16"), "bfloat16",
+                       f"streamed GEMM K={k} custom codebook m={m}", magnitude(x, w64, "bfloat16"))
 
 
 @requires_gpu

@@ -187,11 +187,32 @@ inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm =
     return plan_for(bm < max_bm ? bm : max_bm, 132, m, k_in, n_out);
 }
 
-// kbit_matmul_workspace_bytes: enough for either GEMM (the device picks one at the call).
+// The streamed wgmma GEMM of tiled kbit weights on Hopper (gemm_sm90.cu) for m =
+// kGemmMinM .. kStream90MaxM: CTAs of kGemmRows rows of W by bm = 16, 32 or 64 rows of x
+// (all of them), `ctas` an SM (1 or 2: the kernel's choice for the decoder), split as
+// gemm_plan splits.
+constexpr int64_t kStream90MaxM = 64;
+inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+// From m = kGemmMinM it takes weights of kStream90MinRows rows or more; below, m = 9..16
+// stays on the register GEMV (a 16-row tile a CTA, no split), which measured faster on
+// 4096 rows (14 against 23 us) and slower from 8192 (105 against 73 us; H200,
+// bench/RESULTS.md session 9). From m = 17 it takes every weight.
+constexpr int64_t kStream90MinRows = 8192;
+inline int64_t stream90_min_m(int64_t n_out) { return n_out >= kStream90MinRows ? kGemmMinM : kGemm90MinM; }
+inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
+    if (m < kGemmMinM || m > kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
+    return plan_for(stream90_bm(m), 132 * ctas, m, k_in, n_out);
+}
+
+// kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
-    const int64_t a = gemm_plan(m, k_in, n_out).workspace, b = gemm90_plan(m, k_in, n_out).workspace,
-                  c = gemm90_plan(m, k_in, n_out, 128).workspace;
-    return a > b ? (a > c ? a : c) : (b > c ? b : c);
+    const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
+                          gemm90_plan(m, k_in, n_out, 128).workspace,
+                          stream90_plan(m, k_in, n_out, 1).workspace,
+                          stream90_plan(m, k_in, n_out, 2).workspace};
+    int64_t most = 0;
+    for (int64_t w : ws) most = w > most ? w : most;
+    return most;
 }
 
 }  // namespace matmul

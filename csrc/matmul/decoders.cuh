@@ -107,6 +107,84 @@ __device__ __forceinline__ int inside(int64_t off, int64_t total, int unit) {
     return left <= 0 ? 0 : (left < unit ? static_cast<int>(left) : unit);
 }
 
+// ---- mbarriers and the bulk copy engine ----------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits for the phase of the given parity to complete. Returns 0, which the compiler
+// cannot see: adding it to the addresses of what the phase guards keeps the reads of
+// that data (plain asm loads, free to be scheduled) after the wait.
+__device__ __forceinline__ uint32_t mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t zero;
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        "KBIT_WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " @!p bra KBIT_WAIT_%=;\n"
+        " mov.u32 %0, 0;\n}\n"
+        : "=r"(zero)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return zero;
+}
+// Copies `bytes` (a multiple of 16, both addresses on 16 bytes) from global to shared
+// memory and counts them on the mbarrier; `policy`: an L2 cache policy.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint64_t evict_last_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+// Field f (2K bits) of a run of segment words (f a compile-time constant).
+template <int K, int N>
+__device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f) {
+    if constexpr (K == 4)  // byte fields: one byte permute
+        return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
+    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
+    const uint32_t lo = w[word] >> shift;
+    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
+    return v & ((1u << (2 * K)) - 1u);
+}
+
+// A tiled lane segment (8K bytes at a shared address on 8K-byte boundaries) into 2K
+// words, in the widest loads its alignment allows.
+template <int K>
+__device__ __forceinline__ void load_segment(uint32_t at, uint32_t (&w)[2 * K]) {
+    if constexpr (K % 2 == 0) {  // 16 bytes a load
+#pragma unroll
+        for (int h = 0; h < K / 2; ++h) {
+            const uint4 v = lds_u32x4(at + 16 * h);
+            w[4 * h] = v.x, w[4 * h + 1] = v.y, w[4 * h + 2] = v.z, w[4 * h + 3] = v.w;
+        }
+    } else {  // 8 bytes a load
+#pragma unroll
+        for (int h = 0; h < K; ++h) {
+            const uint2 v = lds_u32x2(at + 8 * h);
+            w[2 * h] = v.x, w[2 * h + 1] = v.y;
+        }
+    }
+}
+
 // ---- pair decoders: 8 elements of one row and chunk -> 4 pairs of T ------------------------
 //
 // A staged decoder reads a chunk as stored, from shared memory: pairs(w, t, table, p)
@@ -395,17 +473,23 @@ __device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float *all = partials + tile * splits * (kPer * kN);
+    // The splits' sums in split order (the same bits whichever CTA comes last), a split's
+    // kPer loads in flight at once (one round trip to L2 a split, not one a value), each
+    // partial zeroed behind its read for the next call; this CTA's own from registers.
+    float *all = partials + tile * splits * (kPer * kN) + tid;
+    float v[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        float v = 0.0f;
+    for (int i = 0; i < kPer; ++i) v[i] = 0.0f;
 #pragma unroll 1
-        for (int sp = 0; sp < splits; ++sp) {
-            v += __ldcg(all + sp * (kPer * kN) + i * kN + tid);
-            all[sp * (kPer * kN) + i * kN + tid] = 0.0f;
-        }
-        store(i, v);
+    for (int sp = 0; sp < splits; ++sp) {
+        float *part = all + sp * (kPer * kN);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) v[i] += sp == split ? acc[i] : __ldcg(part + i * kN);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) part[i * kN] = 0.0f;
     }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) store(i, v[i]);
     if (tid == 0) counters[tile] = 0u;
 }
 
@@ -471,11 +555,12 @@ inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_
 // Launches Kernel (either GEMM: both take these parameters) over the plan's tiles and
 // splits with `threads` threads and `smem` bytes of dynamic shared memory; the split only
 // with a workspace of the plan's size (else one split, always correct).
-template <auto Kernel, class T, class Dec>
+// `extra`: arguments after the common ones (the streamed GEMM's tensor maps).
+template <auto Kernel, class T, class Dec, class... Extra>
 cudaError_t launch_gemm(int threads, int smem, int bm, const GemmPlan &plan, const Dec &dec,
                         const float *codebook, int k, const void *x, int64_t m, int64_t k_in,
                         int64_t n_out, const void *bias, void *y, void *workspace,
-                        size_t workspace_bytes, cudaStream_t stream) {
+                        size_t workspace_bytes, cudaStream_t stream, const Extra &...extra) {
     using St = typename T::storage;
     cudaError_t err = allow_smem<Kernel>(smem);
     if (err != cudaSuccess) return err;
@@ -484,7 +569,7 @@ cudaError_t launch_gemm(int threads, int smem, int bm, const GemmPlan &plan, con
     Kernel<<<dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(sp.splits)), threads,
              smem, stream>>>(dec, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
                              static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
-                             sp.partials, sp.counters);
+                             sp.partials, sp.counters, extra...);
     return launch_error();
 }
 

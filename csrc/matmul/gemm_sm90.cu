@@ -25,6 +25,9 @@
 #include "decoders.cuh"
 
 #if KBIT_SM90A
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "wgmma.cuh"
 #endif
 
@@ -47,6 +50,7 @@ using gemm::kStored;
 using gemm::kTiled;
 
 template <int BN> struct NTag;
+template <> struct NTag<16> { using type = N16; };
 template <> struct NTag<32> { using type = N32; };
 template <> struct NTag<64> { using type = N64; };
 template <> struct NTag<128> { using type = N128; };
@@ -464,6 +468,363 @@ cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const vo
     });
 }
 
+// ---- the streamed GEMM of small m: tiled kbit, A from registers ----------------------------
+//
+// From m = 9 to kStream90MaxM rows of x, a layer still waits on the bytes of W: the
+// kernel above, built for prefill (W decoded into shared memory, then read back by the
+// wgmma), decodes a weight ~5x slower than the streamed GEMV. This one keeps the GEMV's
+// stream and decode and gives the tensor cores its result straight from registers:
+//  - the CTA's two warpgroups own 128 rows of W (a row tile of the tiled layout a warp)
+//    and all BN = 16, 32 or 64 rows of x; a stage is one chunk group (128 elements of k);
+//  - one thread issues each stage as three TMA copies (the 8 tiles' units of W, their
+//    scales, the BN rows of x) on the stage's mbarrier, R stages ahead;
+//  - each lane decodes its segment of its warp's unit as the GEMV does (a pair index a
+//    field, one table read a pair) and multiplies each pair by its block's scale: the 32
+//    pairs are exactly the A fragments of the unit's eight k16 steps of an m64nBNk16
+//    wgmma, which reads them from registers while x comes from shared memory;
+//  - x must meet the tiled layout's order of k within a chunk (lane t holds elements
+//    8t .. 8t + 7, not the wgmma's 2t, 2t + 1, 2t + 8, 2t + 9), so the CTA permutes each
+//    stage's x once, 4-byte pairs into the 128-byte-swizzled tile the descriptor reads,
+//    one stage ahead (three such tiles: one barrier a stage is enough);
+//  - the A registers come in two halves (chunks 0-1 and 2-3 of a unit): one half is
+//    decoded while the wgmma of the other runs.
+// Rounding and scale shifts are the kernel above's; split k and the reduction too.
+constexpr int kSTiles = kThreads90 / 32;  // row tiles of a CTA: one a warp
+constexpr int kSMaxRing = 8;
+
+template <int K, int BN>
+struct StreamLayout90 {
+    static constexpr int kUnitW = tiled::kLanes * 8 * K;                   // a (tile, group) unit
+    static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * 4;  // its scales, at most
+    static constexpr int kXRow = tiled::kGroupChunks * kChunk * 2;         // a raw x row
+    static constexpr int kScales = kSTiles * kUnitW;                       // offsets in a slot
+    static constexpr int kX = kScales + kSTiles * kUnitS;
+    static constexpr int kSlot = kX + BN * kXRow;  // (every part on 128 bytes, for the TMA)
+    static constexpr int kB = 2 * BN * kRowBytes;  // a permuted x tile: two 64-k halves
+};
+constexpr int kStatic = 2048;  // the kernel's static shared memory, at most
+// kCtas CTAs an SM (sharing its 228 KB) where a ring of three slots still fits.
+template <int K, int BN, int kCtas>
+struct StreamConfig90 {
+    using L = StreamLayout90<K, BN>;
+    using Dec = TiledScale<F16, K>;  // (table sizes do not depend on T)
+    static constexpr int kBudget = kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024;  // (1 KB: the driver's)
+    template <int kCopies>
+    static constexpr int fit() {
+        return (kBudget - kStatic - 1024 - 3 * L::kB - table_bytes<Dec, kCopies>()) / L::kSlot;
+    }
+    static constexpr int kFull = table_copies<Dec::kEntries>();
+    static constexpr int kCopies = fit<kFull>() >= (kCtas == 1 ? 4 : 3) ? kFull : kFull / 2;
+    static constexpr int kRing = fit<kCopies>() < kSMaxRing ? fit<kCopies>() : kSMaxRing;
+    static constexpr bool kBuilt = kRing >= 3;
+    static constexpr int bytes() { return 1024 + 3 * L::kB + kRing * L::kSlot + table_bytes<Dec, kCopies>(); }
+};
+// Two CTAs an SM (twice the warps to hide the decode's latency) for 16 and 32 rows of x
+// where they fit, else one. (Three for 16 rows, with a ring of three slots and half the
+// table's copies, measured slower: bench/RESULTS.md, session 9.)
+template <int K, int BN>
+constexpr int stream_ctas() {
+    return BN <= 32 && StreamConfig90<K, BN, 2>::kBuilt ? 2 : 1;
+}
+
+// a * b for pairs of T
+template <class T>
+__device__ __forceinline__ uint32_t mul_pair(uint32_t a, uint32_t b) {
+    using P = typename Pair<T>::type;
+    const P v = __hmul2(*reinterpret_cast<const P *>(&a), *reinterpret_cast<const P *>(&b));
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+// The stage's three copies: W units and their scales (3-d maps: 8-byte elements of a
+// unit by chunk groups by row tiles; a box of 8 tiles' units of one group) and x (2-d:
+// k by rows; a box of 128 elements by BN rows). Past the arrays' ends they read zeros.
+struct StreamMaps {
+    CUtensorMap w, scales, x;
+};
+
+// The box at coordinates c of `map` into shared memory at dst, completing on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,
+                                         int c2, uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,
+                                         uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+        : "memory");
+}
+
+template <class T, int K, int BN, int kCtas>
+__global__ void __launch_bounds__(kThreads90, kCtas)
+stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
+                const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
+                const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
+                int splits, float *__restrict__ partials, unsigned *__restrict__ counters,
+                const __grid_constant__ StreamMaps maps) {
+    using Dec = TiledScale<T, K>;
+    using C = StreamConfig90<K, BN, kCtas>;
+    static_assert(C::kBuilt, "the ring needs three slots");
+    using L = typename C::L;
+    constexpr int R = C::kRing;
+    constexpr int kAcc = BN / 2;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+    uint8_t *btile = base;                     // 3 permuted x tiles (1024-byte aligned)
+    uint8_t *ring = btile + 3 * L::kB;         // R slots
+    uint32_t *table = reinterpret_cast<uint32_t *>(ring + R * L::kSlot);
+    __shared__ uint32_t e4m4_pair[256];        // E4M4 code -> its value times 2^8, a pair of T
+    __shared__ alignas(8) uint64_t full[kSMaxRing];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int64_t groups = dec.geo.groups;
+    const gemm::TileOrigin origin = gemm::tile_origin(blockIdx.x, m, n_out, BN);
+    const int64_t n0 = origin.n0, m0 = origin.m0;
+    const int split = blockIdx.y;
+    const int g_begin = static_cast<int>(groups * split / splits);
+    const int stages = static_cast<int>(groups * (split + 1) / splits) - g_begin;
+    const int tile0 = static_cast<int>(n0 / kTileRows);
+    const int sb = dec.sb;
+    const uint32_t ring_at = smem_address(ring), b_at = smem_address(btile);
+    const uint32_t full_at = smem_address(full);
+
+    if (tid == 0) {
+        for (int s = 0; s < R; ++s) mbar_init(full_at + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    // Stage q (chunk group g_begin + q) into slot q % R: three copies by thread 0.
+    const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
+    const uint32_t stage_bytes = kSTiles * (L::kUnitW + tiled::kTileRows * tiled::kGroupChunks * sb) +
+                                 BN * L::kXRow;
+    auto issue = [&](int q) {
+        const int gi = g_begin + q;
+        const uint32_t dst = ring_at + (q % R) * L::kSlot, bar = full_at + 8 * (q % R);
+        mbar_expect(bar, stage_bytes);
+        tma_load(dst, maps.w, 0, gi, tile0, bar, w_policy);
+        tma_load(dst + L::kScales, maps.scales, 0, gi, tile0, bar, w_policy);
+        tma_load(dst + L::kX, maps.x, gi * (tiled::kGroupChunks * kChunk), static_cast<int>(m0), bar,
+                 x_policy);
+    };
+    if (tid == 0)
+        for (int q = 0; q < (stages < R ? stages : R); ++q) issue(q);
+
+    // The tables; what the whole weight shares goes to the output.
+    const float book = fill_pair_table<Dec, C::kCopies>(table, codebook, k);
+    const float shift = sb == 1 ? 256.0f : 1.0f;
+    const float out_mul = dec.scale_mul * book / shift;
+    if (sb == 1)
+        for (int c = tid; c < 256; c += kThreads90) {
+            const float f = e4m4_decode(c) * 256.0f;
+            e4m4_pair[c] = pack2(T{}, f, f);
+        }
+    __syncthreads();
+    const auto my_table = lane_table<C::kCopies>(table);
+
+    // Row g's (and g + 8's) four scales of a unit as pairs of T.
+    auto scale_row = [&](uint32_t at, uint32_t (&s)[4]) {
+        if (sb == 1) {
+            const uint32_t v = lds_u32(at);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
+        } else if (sb == 2) {
+            const uint2 v = lds_u32x2(at);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
+                if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
+                else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
+            }
+        } else {
+            const uint4 v = lds_u32x4(at);
+            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
+        }
+    };
+
+    // Permutes a stage's x (in its slot) into x tile `b`, a 16-byte unit of the tile a
+    // thread at a time: unit (row r, chunk c, k16 step j of the chunk, its low or high 8
+    // elements h) takes pair 4 t' + 2 j + h of the chunk (elements 8 t' + 4 j + 2 h, + 1:
+    // lane t' of the tiled layout holds them) as its column pair t' (the A fragment's),
+    // and goes to unit 4 (c % 2) + 2 j + h of half c / 2 of the swizzled tile.
+    auto permute = [&](uint32_t slot_at, uint8_t *b) {
+        constexpr int kUnits = BN * tiled::kGroupChunks * 4;  // BN * 16
+#pragma unroll
+        for (int i = 0; i < kUnits / kThreads90; ++i) {
+            const int u = tid + i * kThreads90, r = u >> 4, c = (u >> 2) & 3, jh = u & 3;
+            const uint32_t src = slot_at + L::kX + r * L::kXRow + c * 64 + jh * 4;
+            const uint4 v = make_uint4(lds_u32(src), lds_u32(src + 16), lds_u32(src + 32), lds_u32(src + 48));
+            *reinterpret_cast<uint4 *>(b + (c >> 1) * (BN * kRowBytes) + swizzled(r, 4 * (c & 1) + jh)) = v;
+        }
+        fence_proxy_async();
+    };
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    uint32_t a[2][4][4];  // the two halves' A fragments: k16 step j of chunks 2h, 2h + 1
+    // (a warp past the last row tile decodes the zeros the TMA gives it: no branch)
+    const uint32_t seg_at = pinned(ring_at + warp * L::kUnitW + lane * 8 * K);
+    const uint32_t sc_at =
+        pinned(ring_at + L::kScales + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * sb);
+
+    if (stages > 0) permute(ring_at + mbar_wait(full_at, 0), btile);
+    __syncthreads();
+
+    int slot = 0, bslot = 0;
+    uint32_t phase = 0;
+    for (int q = 0; q < stages; ++q) {
+        const uint32_t at = slot * L::kSlot;
+        uint32_t w[2 * K], sa[4], sc[4];  // the segment; rows g and g + 8's scales
+        load_segment<K>(seg_at + at, w);
+        scale_row(sc_at + at, sa);
+        scale_row(sc_at + at + 8 * tiled::kGroupChunks * sb, sc);
+        const uint64_t b = descriptor(b_at + bslot * L::kB);  // + (byte offset >> 4) within
+        auto half = [&](auto hc) {
+            constexpr int h = decltype(hc)::value;
+            wgmma_wait<1>();  // the wgmma that last read a[h] is done
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int v = 2 * h + u;  // chunk of the unit
+                uint32_t pa[4], pb[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    pa[i] = mul_pair<T>(my_table[segment_field<K>(w, 8 * v + i)], sa[v]);
+                    pb[i] = mul_pair<T>(my_table[segment_field<K>(w, 8 * v + 4 + i)], sc[v]);
+                }
+                a[h][2 * u][0] = pa[0], a[h][2 * u][1] = pb[0], a[h][2 * u][2] = pa[1], a[h][2 * u][3] = pb[1];
+                a[h][2 * u + 1][0] = pa[2], a[h][2 * u + 1][1] = pb[2], a[h][2 * u + 1][2] = pa[3],
+                                 a[h][2 * u + 1][3] = pb[3];
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                wgmma(typename NTag<BN>::type{}, T{}, acc, a[h][j],
+                      b + ((h * (BN * kRowBytes) + 32 * j) >> 4), 1);
+            wgmma_commit();
+        };
+        half(std::integral_constant<int, 0>{});
+        half(std::integral_constant<int, 1>{});
+
+        // x of the next stage into the tile stage q - 2 read (done: every warpgroup waited
+        // for it before this stage's second half, and the CTA met since).
+        const int next = slot + 1 == R ? 0 : slot + 1;
+        const uint32_t next_phase = slot + 1 == R ? phase ^ 1u : phase;
+        const int bnext = bslot == 2 ? 0 : bslot + 1;
+        if (q + 1 < stages)
+            permute(ring_at + next * L::kSlot + mbar_wait(full_at + 8 * next, next_phase),
+                    btile + bnext * L::kB);
+        __syncthreads();  // slot q is read; x tile q + 1 is written
+        if (tid == 0 && q + R < stages) issue(q + R);
+        slot = next, phase = next_phase, bslot = bnext;
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+
+    // Epilogue (as the kernel above): acc[4 j + e]: W row 16 warp + g (+ 8 for e >= 2),
+    // x row 8 j + 2 t (+ 1 for odd e).
+    const int64_t w_base = n0 + 16 * warp + g, x_base = m0 + 2 * t;
+    auto store = [&](int i, float v) {
+        const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
+        if (wr < n_out && xr < m) {
+            v *= out_mul;
+            if (bias) v += load_f32(T{}, bias[wr]);
+            y[xr * n_out + wr] = store_cast(T{}, v);
+        }
+    };
+    if (splits == 1) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
+        return;
+    }
+    gemm::reduce_splits<kAcc, kThreads90>(acc, blockIdx.x, split, splits, partials, counters, store);
+}
+
+// The driver's tensor map encoder (through the runtime: no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        const cudaError_t err = cudaGetDriverEntryPointByVersion(
+            "cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+        return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+                   ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+                   : nullptr;
+    }();
+    return encode;
+}
+
+// A map of `rank` dimensions (dims[0] innermost, in elements; strides of the outer ones
+// in bytes) read in boxes of `box`, unswizzled.
+cudaError_t tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *base,
+                       const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    const cuuint32_t steps[3] = {1, 1, 1};
+    const CUresult r = encode(map, type, rank, const_cast<void *>(base), dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <class T, int K>
+cudaError_t launch_streamed(const TiledScale<T, K> &dec, const float *codebook, int k,
+                            const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                            const void *bias, void *y, void *workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+    const int bm = stream90_bm(m);
+    const int ctas = bm == 16 ? stream_ctas<K, 16>() : bm == 32 ? stream_ctas<K, 32>() : stream_ctas<K, 64>();
+    const GemmPlan plan = stream90_plan(m, k_in, n_out, ctas);
+    constexpr int kUnitW = tiled::kLanes * 8 * K;
+    const int unit_s = tiled::kTileRows * tiled::kGroupChunks * dec.sb;
+    const cuuint64_t groups = static_cast<cuuint64_t>(dec.geo.groups),
+                     tiles = static_cast<cuuint64_t>(dec.geo.tiles);
+    StreamMaps maps;
+    {
+        const cuuint64_t dims[3] = {kUnitW / 8, groups, tiles}, strides[2] = {kUnitW, kUnitW * groups};
+        const cuuint32_t box[3] = {kUnitW / 8, 1, kSTiles};
+        const cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, dec.packed,
+                                           dims, strides, box);
+        if (err != cudaSuccess) return err;
+    }
+    {
+        const cuuint64_t dims[3] = {static_cast<cuuint64_t>(unit_s / 8), groups, tiles},
+                         strides[2] = {static_cast<cuuint64_t>(unit_s), unit_s * groups};
+        const cuuint32_t box[3] = {static_cast<cuuint32_t>(unit_s / 8), 1, kSTiles};
+        const cudaError_t err = tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3,
+                                           dec.absmax, dims, strides, box);
+        if (err != cudaSuccess) return err;
+    }
+    switch (bm) {
+#define KBIT_STREAM90_BN(BN)                                                                    \
+    case BN: {                                                                                  \
+        const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)}; \
+        const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};                      \
+        const cuuint32_t box[2] = {tiled::kGroupChunks * kChunk, BN};                           \
+        const cudaError_t err =                                                                 \
+            tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box);      \
+        if (err != cudaSuccess) return err;                                                     \
+        constexpr int kCtas = stream_ctas<K, BN>();                                             \
+        return gemm::launch_gemm<stream90_kernel<T, K, BN, kCtas>, T>(                          \
+            kThreads90, StreamConfig90<K, BN, kCtas>::bytes(), BN, plan, dec, codebook, k, x, m, \
+            k_in, n_out, bias, y, workspace, workspace_bytes, stream, maps);                    \
+    }
+        KBIT_STREAM90_BN(16)
+        KBIT_STREAM90_BN(32)
+        KBIT_STREAM90_BN(64)
+#undef KBIT_STREAM90_BN
+    }
+    return cudaErrorInvalidValue;
+}
+
 #endif  // KBIT_SM90A
 
 }  // namespace
@@ -488,8 +849,12 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                     const Dec dec{{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
                                    w.fmt, sb},
                                   tiled::geometry(n_out, k_in)};
-                    err = launch<T, Dec, kTiled, 16>(dec, w.codebook, w.k, x, m, k_in, n_out, bias,
-                                                     y, workspace, workspace_bytes, stream);
+                    if (m <= kStream90MaxM)
+                        err = launch_streamed<T, kc.value>(dec, w.codebook, w.k, x, m, k_in, n_out,
+                                                           bias, y, workspace, workspace_bytes, stream);
+                    else
+                        err = launch<T, Dec, kTiled, 16>(dec, w.codebook, w.k, x, m, k_in, n_out,
+                                                         bias, y, workspace, workspace_bytes, stream);
                 } else {
                     using Dec = KbitAnyScale<T, kc.value>;
                     const Dec dec{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},

@@ -338,54 +338,6 @@ struct StreamStage {
     static __host__ __device__ constexpr int bytes(int x_rows) { return kX + x_rows * kXRow; }
 };
 
-// ---- mbarriers and the bulk copy engine ----------------------------------------------------
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Waits for the phase of the given parity to complete. Returns 0, which the compiler
-// cannot see: adding it to the addresses of what the phase guards keeps the reads of
-// that data (plain asm loads, free to be scheduled) after the wait.
-__device__ __forceinline__ uint32_t mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t zero;
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        "KBIT_WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " @!p bra KBIT_WAIT_%=;\n"
-        " mov.u32 %0, 0;\n}\n"
-        : "=r"(zero)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return zero;
-}
-// Copies `bytes` (a multiple of 16, both addresses on 16 bytes) from global to shared
-// memory and counts them on the mbarrier; `policy`: an L2 cache policy.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
-                                          uint32_t bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-        : "memory");
-}
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ uint64_t evict_last_policy() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
@@ -393,17 +345,6 @@ __device__ __forceinline__ void consumers_sync() {
 struct ConsumersSync {
     __device__ __forceinline__ void operator()() const { consumers_sync(); }
 };
-
-// Field f (2K bits) of a run of segment words (f a compile-time constant).
-template <int K, int N>
-__device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f) {
-    if constexpr (K == 4)  // byte fields: one byte permute
-        return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
-    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
-    const uint32_t lo = w[word] >> shift;
-    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
-    return v & ((1u << (2 * K)) - 1u);
-}
 
 // Up to 8 rows of x (one n8 tile).
 template <class T, int K, kbit_absmax_format FMT>
@@ -527,26 +468,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);  // the stage
         if (left > 0 && g0 + warp < groups) {
             uint32_t w[2 * K];  // the lane's segment
-            if constexpr (sizeof(w) == 16) {
-                const uint4 v = lds_u32x4(seg_at + at);
-                w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-            } else if constexpr (sizeof(w) % 16 == 0) {
-#pragma unroll
-                for (int h = 0; h < static_cast<int>(sizeof(w)) / 16; ++h) {
-                    const uint4 v = lds_u32x4(seg_at + at + 16 * h);
-                    w[4 * h] = v.x, w[4 * h + 1] = v.y, w[4 * h + 2] = v.z, w[4 * h + 3] = v.w;
-                }
-            } else if constexpr (sizeof(w) % 8 == 0) {  // on 8 bytes: 8K a lane, 2K a chunk
-#pragma unroll
-                for (int h = 0; h < static_cast<int>(sizeof(w)) / 8; ++h) {
-                    const uint2 v = lds_u32x2(seg_at + at + 8 * h);
-                    w[2 * h] = v.x, w[2 * h + 1] = v.y;
-                }
-            } else {
-#pragma unroll
-                for (int h = 0; h < static_cast<int>(sizeof(w)) / 4; ++h)
-                    w[h] = lds_u32(seg_at + at + 4 * h);
-            }
+            load_segment<K>(seg_at + at, w);
             uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
             load_scales(sc_at + at, sa);
             load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
@@ -937,8 +859,10 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
 // fp16 x with kbit's fp32 block scales (which may lie beyond fp16's range) stays on the
 // mma.sync GEMM, whose scales stay float32; fp32_scales: the weight is kbit with fp32
 // block scales (NF4 / FP4's fp32 scales are bitsandbytes', rounded to fp16 as it does).
-bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales) {
-    if (m < kGemm90MinM || !sm90::built()) return false;
+// Tiled kbit weights take it from min_m = stream90_min_m (its streamed kernel to
+// kStream90MaxM).
+bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales, int64_t min_m = kGemm90MinM) {
+    if (m < min_m || !sm90::built()) return false;
     if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
     int major = 0;
     return compute_major(&major) == cudaSuccess && major == 9;
@@ -1030,16 +954,16 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
+                if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, stream90_min_m(n_out))) {
+                    err = sm90::matmul(sm90::KbitWeight{true, tiled_packed, tiled_absmax,
+                                                        tiled::packed_bytes(n_out, k_in, k),
+                                                        tiled::absmax_bytes(n_out, k_in, fmt), fmt,
+                                                        ts, codebook, k},
+                                       dtype, x, m, k_in, n_out, bias, y, workspace,
+                                       workspace_bytes, stream);
+                    return KBIT_SUCCESS;
+                }
                 if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
-                    if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32)) {
-                        err = sm90::matmul(
-                            sm90::KbitWeight{true, tiled_packed, tiled_absmax,
-                                             tiled::packed_bytes(n_out, k_in, k),
-                                             tiled::absmax_bytes(n_out, k_in, fmt), fmt, ts,
-                                             codebook, k},
-                            dtype, x, m, k_in, n_out, bias, y, workspace, workspace_bytes, stream);
-                        return KBIT_SUCCESS;
-                    }
                     using Dec = TiledScale<T, kc.value>;
                     const int sb = static_cast<int>(absmax_align(fmt));
                     const Dec dec{{{static_cast<const uint8_t *>(tiled_packed),
