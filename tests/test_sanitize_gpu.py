@@ -98,7 +98,7 @@ def _weights(rng):
                "fp4": kbit.quantize_fp4(w, blocksize=256)}
 
 
-@pytest.mark.parametrize("m", [1, 7, 13, 33, 100])
+@pytest.mark.parametrize("m", [1, 7, 13, 20, 33, 100])
 def test_matmul_paths(rng, m):
     """m = 1 and 7: the GEMV with one n8 tile, 13: two tiles, 33 and 100: the tensor-core
     GEMM (on sm_90 the wgmma kernel with 64 and 128 rows of x a CTA)."""

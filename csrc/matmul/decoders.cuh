@@ -1,5 +1,6 @@
 // The matmul room's shared device pieces: the mma.sync helper, the lanes' pair tables,
-// cp.async, and the pair decoders that turn 8 elements of one row and chunk of a stored
+// cp.async, mbarriers and the bulk copy engine (the streamed kernels' rings), the tiled
+// segments' fields, and the pair decoders that turn 8 elements of one row and chunk of a stored
 // (or tiled) weight into four pairs of T. Included by gemv.cu (the GEMV kernels and the
 // mma.sync GEMM of gemm.cuh) and gemm_sm90.cu (the wgmma GEMM); every name is internal to
 // the including file.
