@@ -536,6 +536,25 @@ def test_gpu_gemm_wide_shapes(rng, family):
 
 
 @requires_gpu
+@pytest.mark.parametrize("family", ["nf4", "fp4"])
+def test_gpu_bnb4_streamed_gemm(rng, family):
+    """NF4 / FP4 at m = 9..64, which on sm_90 the streamed wgmma GEMM reads as
+    bitsandbytes stores them (m = 9..16 from 8192 rows): blocksizes 32 to 512 (one to four
+    scales a 128-element stage, or one for several stages), nested statistics, rows off
+    the CTA's 128, few tiles (split k), and scale rows that are not a multiple of 4
+    (192 / 64: the wgmma GEMM instead); against the reference and the host."""
+    cases = ((8200, 256, 64, False, (9, 16)), (300, 4096, 128, True, (17, 40)),
+             (131, 1152, 32, False, (24, 64)), (77, 2048, 512, False, (33,)),
+             (131, 192, 64, False, (20,)))
+    for i, (n_out, k_in, bs, nested, ms) in enumerate(cases):
+        w, w64 = gpu_case(rng, family, n_out, k_in, blocksize=bs, nested=nested)
+        for m in ms:
+            dtype = ("float16", "bfloat16")[(i + m) % 2]
+            check_gpu(rng, w, w64, m, dtype, m % 2 == 1,
+                      f"{family} {n_out}x{k_in} bs={bs} nested={nested} m={m}")
+
+
+@requires_gpu
 @pytest.mark.parametrize("tiled", [False, True])
 def test_gpu_gemm_fp32_scales_beyond_fp16(rng, tiled):
     """kbit weights whose fp32 block scales lie beyond fp16's range, with fp16 x, in the

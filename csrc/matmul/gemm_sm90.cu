@@ -468,76 +468,40 @@ cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const vo
     });
 }
 
-// ---- the streamed GEMM of small m: tiled kbit, A from registers ----------------------------
+// ---- the streamed GEMM of small m: A from registers ----------------------------------------
 //
 // From m = 9 to kStream90MaxM rows of x, a layer still waits on the bytes of W: the
 // kernel above, built for prefill (W decoded into shared memory, then read back by the
 // wgmma), decodes a weight ~5x slower than the streamed GEMV. This one keeps the GEMV's
 // stream and decode and gives the tensor cores its result straight from registers:
-//  - the CTA's two warpgroups own 128 rows of W (a row tile of the tiled layout a warp)
-//    and all BN = 16, 32 or 64 rows of x; a stage is one chunk group (128 elements of k);
-//  - one thread issues each stage as three TMA copies (the 8 tiles' units of W, their
+//  - the CTA's two warpgroups own 128 rows of W (16 a warp) and all BN = 16, 32 or 64
+//    rows of x; a stage is 128 elements of k (four 32-element chunks);
+//  - one thread issues each stage as three TMA copies (W's bytes of the stage, their
 //    scales, the BN rows of x) on the stage's mbarrier, R stages ahead;
-//  - each lane decodes its segment of its warp's unit as the GEMV does (a pair index a
-//    field, one table read a pair) and multiplies each pair by its block's scale: the 32
-//    pairs are exactly the A fragments of the unit's eight k16 steps of an m64nBNk16
-//    wgmma, which reads them from registers while x comes from shared memory;
-//  - x must meet the tiled layout's order of k within a chunk (lane t holds elements
-//    8t .. 8t + 7, not the wgmma's 2t, 2t + 1, 2t + 8, 2t + 9), so the CTA permutes each
-//    stage's x once, 4-byte pairs into the 128-byte-swizzled tile the descriptor reads,
-//    one stage ahead (three such tiles: one barrier a stage is enough);
-//  - the A registers come in two halves (chunks 0-1 and 2-3 of a unit): one half is
-//    decoded while the wgmma of the other runs.
-// Rounding and scale shifts are the kernel above's; split k and the reduction too.
-constexpr int kSTiles = kThreads90 / 32;  // row tiles of a CTA: one a warp
+//  - lane (g, t) of warp w decodes rows 16 w + g and + 8, elements 8t .. 8t + 7 of each
+//    chunk, as the GEMV does (a pair index from its word, one table read a pair) and
+//    multiplies each pair by its block's scale: the 32 pairs are exactly the A fragments
+//    of the stage's eight k16 steps of an m64nBNk16 wgmma, which reads them from
+//    registers while x comes from shared memory;
+//  - x must meet that order of k within a chunk (lane t holds elements 8t .. 8t + 7, not
+//    the wgmma's 2t, 2t + 1, 2t + 8, 2t + 9), so the CTA permutes each stage's x once,
+//    4-byte pairs into the 128-byte-swizzled tile the descriptor reads, one stage ahead
+//    (three such tiles: one barrier a stage is enough);
+//  - the A registers come in two halves (chunks 0-1 and 2-3): one half is decoded while
+//    the wgmma of the other runs.
+// W comes from one of two sources: the tiled kbit layout (a (tile, group) unit a warp,
+// each lane's 8K-byte segment holding exactly its pair indices) or NF4 / FP4 as
+// bitsandbytes stores them (the stage's 64 bytes of each row: lane t's word of a chunk
+// holds its four pairs, a byte each). Rounding and scale shifts are the kernel above's;
+// split k and the reduction too.
+constexpr int kSTiles = kThreads90 / 32;  // row tiles (of 16 rows) of a CTA: one a warp
 constexpr int kSMaxRing = 8;
+constexpr int kStageK = tiled::kGroupChunks * kChunk;  // 128 elements of k a stage
 
-template <int K, int BN>
-struct StreamLayout90 {
-    static constexpr int kUnitW = tiled::kLanes * 8 * K;                   // a (tile, group) unit
-    static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * 4;  // its scales, at most
-    static constexpr int kXRow = tiled::kGroupChunks * kChunk * 2;         // a raw x row
-    static constexpr int kScales = kSTiles * kUnitW;                       // offsets in a slot
-    static constexpr int kX = kScales + kSTiles * kUnitS;
-    static constexpr int kSlot = kX + BN * kXRow;  // (every part on 128 bytes, for the TMA)
-    static constexpr int kB = 2 * BN * kRowBytes;  // a permuted x tile: two 64-k halves
-};
-constexpr int kStatic = 2048;  // the kernel's static shared memory, at most
-// kCtas CTAs an SM (sharing its 228 KB) where a ring of three slots still fits.
-template <int K, int BN, int kCtas>
-struct StreamConfig90 {
-    using L = StreamLayout90<K, BN>;
-    using Dec = TiledScale<F16, K>;  // (table sizes do not depend on T)
-    static constexpr int kBudget = kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024;  // (1 KB: the driver's)
-    template <int kCopies>
-    static constexpr int fit() {
-        return (kBudget - kStatic - 1024 - 3 * L::kB - table_bytes<Dec, kCopies>()) / L::kSlot;
-    }
-    static constexpr int kFull = table_copies<Dec::kEntries>();
-    static constexpr int kCopies = fit<kFull>() >= (kCtas == 1 ? 4 : 3) ? kFull : kFull / 2;
-    static constexpr int kRing = fit<kCopies>() < kSMaxRing ? fit<kCopies>() : kSMaxRing;
-    static constexpr bool kBuilt = kRing >= 3;
-    static constexpr int bytes() { return 1024 + 3 * L::kB + kRing * L::kSlot + table_bytes<Dec, kCopies>(); }
-};
-// Two CTAs an SM (twice the warps to hide the decode's latency) for 16 and 32 rows of x
-// where they fit, else one. (Three for 16 rows, with a ring of three slots and half the
-// table's copies, measured slower: bench/RESULTS.md, session 9.)
-template <int K, int BN>
-constexpr int stream_ctas() {
-    return BN <= 32 && StreamConfig90<K, BN, 2>::kBuilt ? 2 : 1;
-}
-
-// a * b for pairs of T
-template <class T>
-__device__ __forceinline__ uint32_t mul_pair(uint32_t a, uint32_t b) {
-    using P = typename Pair<T>::type;
-    const P v = __hmul2(*reinterpret_cast<const P *>(&a), *reinterpret_cast<const P *>(&b));
-    return *reinterpret_cast<const uint32_t *>(&v);
-}
-
-// The stage's three copies: W units and their scales (3-d maps: 8-byte elements of a
-// unit by chunk groups by row tiles; a box of 8 tiles' units of one group) and x (2-d:
-// k by rows; a box of 128 elements by BN rows). Past the arrays' ends they read zeros.
+// The stage's three copies: W and its scales (tiled: 3-d maps, 8-byte elements of a unit
+// by chunk groups by row tiles, a box of 8 tiles' units of one group; NF4: 2-d maps over
+// the packed bytes and the float32 scales, by rows) and x (2-d: k by rows; a box of 128
+// elements by BN rows). Past the arrays' ends they read zeros.
 struct StreamMaps {
     CUtensorMap w, scales, x;
 };
@@ -560,15 +524,162 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, i
         : "memory");
 }
 
-template <class T, int K, int BN, int kCtas>
+// Tiled kbit: `words` are the lane's segment of its warp's unit, the scales those of its
+// rows' four chunks (1, 2 or 4 bytes each, as stored).
+template <class T, int K>
+struct TiledSrc {
+    using Dec = TiledScale<T, K>;
+    static constexpr int kWBytes = kSTiles * tiled::kLanes * 8 * K;                // 8 units
+    static constexpr int kSBytes = kSTiles * tiled::kTileRows * tiled::kGroupChunks * 4;  // at most
+    static constexpr int kWords = 2 * K;
+    static constexpr bool kE4M4Table = true;
+    Dec dec;
+
+    __device__ uint32_t stage_bytes() const {
+        return kWBytes + kSTiles * tiled::kTileRows * tiled::kGroupChunks * dec.sb;
+    }
+    __device__ void issue(uint32_t dst, const StreamMaps &maps, int gi, int64_t n0, uint32_t bar,
+                          uint64_t policy) const {
+        const int tile0 = static_cast<int>(n0 / kTileRows);
+        tma_load(dst, maps.w, 0, gi, tile0, bar, policy);
+        tma_load(dst + kWBytes, maps.scales, 0, gi, tile0, bar, policy);
+    }
+    // The lane's offsets in a slot: its segment, its row g's scales (row g + 8's: + 8 rows).
+    __device__ uint32_t w_offset(int warp, int lane) const { return (warp * tiled::kLanes + lane) * 8 * K; }
+    __device__ uint32_t s_offset(int warp, int g) const {
+        return kWBytes + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * dec.sb;
+    }
+    __device__ void load_words(uint32_t at, uint32_t (&w)[kWords]) const { load_segment<K>(at, w); }
+    // Row g's scales of the stage's chunks as pairs of T (shift: E4M4 times 2^8).
+    __device__ void scales(uint32_t at, int, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
+        if (dec.sb == 1) {
+            const uint32_t v = lds_u32(at);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
+        } else if (dec.sb == 2) {
+            const uint2 v = lds_u32x2(at);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
+                if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
+                else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
+            }
+        } else {
+            const uint4 v = lds_u32x4(at);
+            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
+        }
+    }
+    __device__ uint32_t s_row8() const { return 8 * tiled::kGroupChunks * dec.sb; }  // row g + 8's
+    // Pair i of chunk v, row half h (0: row g, 1: g + 8): a field of the segment.
+    __device__ static uint32_t index(const uint32_t (&w)[kWords], int v, int h, int i) {
+        return segment_field<K>(w, (2 * v + h) * 4 + i);
+    }
+    // The factor the sums take at the output, after the table's fill returned `book`.
+    __device__ float out_mul(float book) const {
+        return dec.scale_mul * book / (dec.sb == 1 ? 256.0f : 1.0f);
+    }
+};
+
+// NF4 / FP4 (bitsandbytes' layout): 16 bytes a row and chunk, a float32 scale every
+// 2^log2_bs elements ((k_in / 2^log2_bs) % 4 == 0: the scale rows on 16 bytes).
+template <class T, class Fmt>
+struct Bnb4Src {
+    using Dec = Bnb4Staged<T, Fmt>;
+    static constexpr int kRowBytes = kStageK / 2;                          // 64 bytes a row
+    static constexpr int kWBytes = kSTiles * kTileRows * kRowBytes;        // 8 KB
+    static constexpr int kSBytes = kSTiles * kTileRows * 16;               // 4 scales a row
+    static constexpr int kWords = 8;  // rows g, g + 8 of 4 chunks: word [2 v + h]
+    static constexpr bool kE4M4Table = false;
+    Dec dec;
+    int log2_bs;
+
+    __device__ uint32_t stage_bytes() const { return kWBytes + kSBytes; }
+    // The stage's first scale column in its box: the stage's first block, down to 4.
+    __device__ int first_block(int gi) const { return ((gi * kStageK) >> log2_bs) & ~3; }
+    __device__ void issue(uint32_t dst, const StreamMaps &maps, int gi, int64_t n0, uint32_t bar,
+                          uint64_t policy) const {
+        tma_load(dst, maps.w, gi * kRowBytes, static_cast<int>(n0), bar, policy);
+        tma_load(dst + kWBytes, maps.scales, first_block(gi), static_cast<int>(n0), bar, policy);
+    }
+    __device__ uint32_t w_offset(int warp, int lane) const {
+        return (warp * kTileRows + (lane >> 2)) * kRowBytes + (lane & 3) * 4;
+    }
+    __device__ uint32_t s_offset(int warp, int g) const { return kWBytes + (warp * kTileRows + g) * 16; }
+    __device__ void load_words(uint32_t at, uint32_t (&w)[kWords]) const {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            w[2 * v] = lds_u32(at + 16 * v);
+            w[2 * v + 1] = lds_u32(at + 8 * kRowBytes + 16 * v);
+        }
+    }
+    __device__ void scales(uint32_t at, int gi, const uint32_t *, uint32_t (&s)[4]) const {
+        const int base = first_block(gi);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            const int col = ((gi * kStageK + v * kChunk) >> log2_bs) - base;
+            const float f = __uint_as_float(lds_u32(at + 4 * col));
+            s[v] = pack2(T{}, f, f);
+        }
+    }
+    __device__ uint32_t s_row8() const { return 8 * 16; }
+    // Byte i of the chunk's word: elements 8t + 2i (high nibble), 8t + 2i + 1.
+    __device__ static uint32_t index(const uint32_t (&w)[kWords], int v, int h, int i) {
+        return __byte_perm(w[2 * v + h], 0u, 0x4440u | static_cast<uint32_t>(i));
+    }
+    __device__ float out_mul(float) const { return 1.0f; }
+};
+
+template <class Src, int BN>
+struct StreamLayout90 {
+    static constexpr int kXRow = kStageK * 2;             // a raw x row
+    static constexpr int kX = Src::kWBytes + Src::kSBytes;  // offsets in a slot
+    static constexpr int kSlot = kX + BN * kXRow;  // (every part on 128 bytes, for the TMA)
+    static constexpr int kB = 2 * BN * kRowBytes;  // a permuted x tile: two 64-k halves
+};
+constexpr int kStatic = 2048;  // the kernel's static shared memory, at most
+// kCtas CTAs an SM (sharing its 228 KB) where a ring of three slots still fits.
+template <class Src, int BN, int kCtas>
+struct StreamConfig90 {
+    using L = StreamLayout90<Src, BN>;
+    using Dec = typename Src::Dec;
+    static constexpr int kBudget = kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024;  // (1 KB: the driver's)
+    template <int kCopies>
+    static constexpr int fit() {
+        return (kBudget - kStatic - 1024 - 3 * L::kB - table_bytes<Dec, kCopies>()) / L::kSlot;
+    }
+    static constexpr int kFull = table_copies<Dec::kEntries>();
+    static constexpr int kCopies = fit<kFull>() >= (kCtas == 1 ? 4 : 3) ? kFull : kFull / 2;
+    static constexpr int kRing = fit<kCopies>() < kSMaxRing ? fit<kCopies>() : kSMaxRing;
+    static constexpr bool kBuilt = kRing >= 3;
+    static constexpr int bytes() { return 1024 + 3 * L::kB + kRing * L::kSlot + table_bytes<Dec, kCopies>(); }
+};
+// Two CTAs an SM (twice the warps to hide the decode's latency) for 16 and 32 rows of x
+// where they fit, else one. (Three for 16 rows, with a ring of three slots and half the
+// table's copies, measured slower: bench/RESULTS.md, session 9.)
+template <class Src, int BN>
+constexpr int stream_ctas() {
+    return BN <= 32 && StreamConfig90<Src, BN, 2>::kBuilt ? 2 : 1;
+}
+
+// a * b for pairs of T
+template <class T>
+__device__ __forceinline__ uint32_t mul_pair(uint32_t a, uint32_t b) {
+    using P = typename Pair<T>::type;
+    const P v = __hmul2(*reinterpret_cast<const P *>(&a), *reinterpret_cast<const P *>(&b));
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+template <class T, class Src, int BN, int kCtas>
 __global__ void __launch_bounds__(kThreads90, kCtas)
-stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
+stream90_kernel(Src src, const float *__restrict__ codebook, int k,
                 const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
                 const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
                 int splits, float *__restrict__ partials, unsigned *__restrict__ counters,
                 const __grid_constant__ StreamMaps maps) {
-    using Dec = TiledScale<T, K>;
-    using C = StreamConfig90<K, BN, kCtas>;
+    using Dec = typename Src::Dec;
+    using C = StreamConfig90<Src, BN, kCtas>;
     static_assert(C::kBuilt, "the ring needs three slots");
     using L = typename C::L;
     constexpr int R = C::kRing;
@@ -583,14 +694,12 @@ stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    const int64_t groups = dec.geo.groups;
+    const int64_t groups = (k_in + kStageK - 1) / kStageK;
     const gemm::TileOrigin origin = gemm::tile_origin(blockIdx.x, m, n_out, BN);
     const int64_t n0 = origin.n0, m0 = origin.m0;
     const int split = blockIdx.y;
     const int g_begin = static_cast<int>(groups * split / splits);
     const int stages = static_cast<int>(groups * (split + 1) / splits) - g_begin;
-    const int tile0 = static_cast<int>(n0 / kTileRows);
-    const int sb = dec.sb;
     const uint32_t ring_at = smem_address(ring), b_at = smem_address(btile);
     const uint32_t full_at = smem_address(full);
 
@@ -600,27 +709,22 @@ stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
     }
     __syncthreads();
 
-    // Stage q (chunk group g_begin + q) into slot q % R: three copies by thread 0.
+    // Stage q (k from (g_begin + q) * 128) into slot q % R: three copies by thread 0.
     const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
-    const uint32_t stage_bytes = kSTiles * (L::kUnitW + tiled::kTileRows * tiled::kGroupChunks * sb) +
-                                 BN * L::kXRow;
+    const uint32_t stage_bytes = src.stage_bytes() + BN * L::kXRow;
     auto issue = [&](int q) {
         const int gi = g_begin + q;
         const uint32_t dst = ring_at + (q % R) * L::kSlot, bar = full_at + 8 * (q % R);
         mbar_expect(bar, stage_bytes);
-        tma_load(dst, maps.w, 0, gi, tile0, bar, w_policy);
-        tma_load(dst + L::kScales, maps.scales, 0, gi, tile0, bar, w_policy);
-        tma_load(dst + L::kX, maps.x, gi * (tiled::kGroupChunks * kChunk), static_cast<int>(m0), bar,
-                 x_policy);
+        src.issue(dst, maps, gi, n0, bar, w_policy);
+        tma_load(dst + L::kX, maps.x, gi * kStageK, static_cast<int>(m0), bar, x_policy);
     };
     if (tid == 0)
         for (int q = 0; q < (stages < R ? stages : R); ++q) issue(q);
 
     // The tables; what the whole weight shares goes to the output.
-    const float book = fill_pair_table<Dec, C::kCopies>(table, codebook, k);
-    const float shift = sb == 1 ? 256.0f : 1.0f;
-    const float out_mul = dec.scale_mul * book / shift;
-    if (sb == 1)
+    const float out_mul = src.out_mul(fill_pair_table<Dec, C::kCopies>(table, codebook, k));
+    if constexpr (Src::kE4M4Table)
         for (int c = tid; c < 256; c += kThreads90) {
             const float f = e4m4_decode(c) * 256.0f;
             e4m4_pair[c] = pack2(T{}, f, f);
@@ -628,40 +732,18 @@ stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
     __syncthreads();
     const auto my_table = lane_table<C::kCopies>(table);
 
-    // Row g's (and g + 8's) four scales of a unit as pairs of T.
-    auto scale_row = [&](uint32_t at, uint32_t (&s)[4]) {
-        if (sb == 1) {
-            const uint32_t v = lds_u32(at);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
-        } else if (sb == 2) {
-            const uint2 v = lds_u32x2(at);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
-                if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
-                else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
-            }
-        } else {
-            const uint4 v = lds_u32x4(at);
-            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
-        }
-    };
-
     // Permutes a stage's x (in its slot) into x tile `b`, a 16-byte unit of the tile a
     // thread at a time: unit (row r, chunk c, k16 step j of the chunk, its low or high 8
     // elements h) takes pair 4 t' + 2 j + h of the chunk (elements 8 t' + 4 j + 2 h, + 1:
-    // lane t' of the tiled layout holds them) as its column pair t' (the A fragment's),
-    // and goes to unit 4 (c % 2) + 2 j + h of half c / 2 of the swizzled tile.
+    // lane t' holds them) as its column pair t' (the A fragment's), and goes to unit
+    // 4 (c % 2) + 2 j + h of half c / 2 of the swizzled tile.
     auto permute = [&](uint32_t slot_at, uint8_t *b) {
         constexpr int kUnits = BN * tiled::kGroupChunks * 4;  // BN * 16
 #pragma unroll
         for (int i = 0; i < kUnits / kThreads90; ++i) {
             const int u = tid + i * kThreads90, r = u >> 4, c = (u >> 2) & 3, jh = u & 3;
-            const uint32_t src = slot_at + L::kX + r * L::kXRow + c * 64 + jh * 4;
-            const uint4 v = make_uint4(lds_u32(src), lds_u32(src + 16), lds_u32(src + 32), lds_u32(src + 48));
+            const uint32_t from = slot_at + L::kX + r * L::kXRow + c * 64 + jh * 4;
+            const uint4 v = make_uint4(lds_u32(from), lds_u32(from + 16), lds_u32(from + 32), lds_u32(from + 48));
             *reinterpret_cast<uint4 *>(b + (c >> 1) * (BN * kRowBytes) + swizzled(r, 4 * (c & 1) + jh)) = v;
         }
         fence_proxy_async();
@@ -671,10 +753,9 @@ stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     uint32_t a[2][4][4];  // the two halves' A fragments: k16 step j of chunks 2h, 2h + 1
-    // (a warp past the last row tile decodes the zeros the TMA gives it: no branch)
-    const uint32_t seg_at = pinned(ring_at + warp * L::kUnitW + lane * 8 * K);
-    const uint32_t sc_at =
-        pinned(ring_at + L::kScales + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * sb);
+    // (rows past n_out decode the zeros the TMA gives them: no branch)
+    const uint32_t w_at = pinned(ring_at + src.w_offset(warp, lane));
+    const uint32_t s_at = pinned(ring_at + src.s_offset(warp, g));
 
     if (stages > 0) permute(ring_at + mbar_wait(full_at, 0), btile);
     __syncthreads();
@@ -683,22 +764,22 @@ stream90_kernel(TiledScale<T, K> dec, const float *__restrict__ codebook, int k,
     uint32_t phase = 0;
     for (int q = 0; q < stages; ++q) {
         const uint32_t at = slot * L::kSlot;
-        uint32_t w[2 * K], sa[4], sc[4];  // the segment; rows g and g + 8's scales
-        load_segment<K>(seg_at + at, w);
-        scale_row(sc_at + at, sa);
-        scale_row(sc_at + at + 8 * tiled::kGroupChunks * sb, sc);
+        uint32_t w[Src::kWords], sa[4], sc[4];  // the lane's words; rows g and g + 8's scales
+        src.load_words(w_at + at, w);
+        src.scales(s_at + at, g_begin + q, e4m4_pair, sa);
+        src.scales(s_at + at + src.s_row8(), g_begin + q, e4m4_pair, sc);
         const uint64_t b = descriptor(b_at + bslot * L::kB);  // + (byte offset >> 4) within
         auto half = [&](auto hc) {
             constexpr int h = decltype(hc)::value;
             wgmma_wait<1>();  // the wgmma that last read a[h] is done
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
-                const int v = 2 * h + u;  // chunk of the unit
+                const int v = 2 * h + u;  // chunk of the stage
                 uint32_t pa[4], pb[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    pa[i] = mul_pair<T>(my_table[segment_field<K>(w, 8 * v + i)], sa[v]);
-                    pb[i] = mul_pair<T>(my_table[segment_field<K>(w, 8 * v + 4 + i)], sc[v]);
+                    pa[i] = mul_pair<T>(my_table[Src::index(w, v, 0, i)], sa[v]);
+                    pb[i] = mul_pair<T>(my_table[Src::index(w, v, 1, i)], sc[v]);
                 }
                 a[h][2 * u][0] = pa[0], a[h][2 * u][1] = pb[0], a[h][2 * u][2] = pa[1], a[h][2 * u][3] = pb[1];
                 a[h][2 * u + 1][0] = pa[2], a[h][2 * u + 1][1] = pb[2], a[h][2 * u + 1][2] = pa[3],
@@ -775,47 +856,63 @@ cudaError_t tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank, con
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The maps of W and its scales.
 template <class T, int K>
-cudaError_t launch_streamed(const TiledScale<T, K> &dec, const float *codebook, int k,
-                            const void *x, int64_t m, int64_t k_in, int64_t n_out,
-                            const void *bias, void *y, void *workspace, size_t workspace_bytes,
-                            cudaStream_t stream) {
-    const int bm = stream90_bm(m);
-    const int ctas = bm == 16 ? stream_ctas<K, 16>() : bm == 32 ? stream_ctas<K, 32>() : stream_ctas<K, 64>();
-    const GemmPlan plan = stream90_plan(m, k_in, n_out, ctas);
+cudaError_t source_maps(const TiledSrc<T, K> &src, int64_t, int64_t, StreamMaps &maps) {
     constexpr int kUnitW = tiled::kLanes * 8 * K;
-    const int unit_s = tiled::kTileRows * tiled::kGroupChunks * dec.sb;
-    const cuuint64_t groups = static_cast<cuuint64_t>(dec.geo.groups),
-                     tiles = static_cast<cuuint64_t>(dec.geo.tiles);
+    const int unit_s = tiled::kTileRows * tiled::kGroupChunks * src.dec.sb;
+    const cuuint64_t groups = static_cast<cuuint64_t>(src.dec.geo.groups),
+                     tiles = static_cast<cuuint64_t>(src.dec.geo.tiles);
+    const cuuint64_t dims[3] = {kUnitW / 8, groups, tiles}, strides[2] = {kUnitW, kUnitW * groups};
+    const cuuint32_t box[3] = {kUnitW / 8, 1, kSTiles};
+    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, src.dec.packed, dims,
+                                 strides, box);
+    if (err != cudaSuccess) return err;
+    const cuuint64_t sdims[3] = {static_cast<cuuint64_t>(unit_s / 8), groups, tiles},
+                     sstrides[2] = {static_cast<cuuint64_t>(unit_s), unit_s * groups};
+    const cuuint32_t sbox[3] = {static_cast<cuuint32_t>(unit_s / 8), 1, kSTiles};
+    return tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, src.dec.absmax, sdims,
+                      sstrides, sbox);
+}
+template <class T, class Fmt>
+cudaError_t source_maps(const Bnb4Src<T, Fmt> &src, int64_t k_in, int64_t n_out, StreamMaps &maps) {
+    using S = Bnb4Src<T, Fmt>;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in / 2), static_cast<cuuint64_t>(n_out)},
+                     strides[1] = {static_cast<cuuint64_t>(k_in / 2)};
+    const cuuint32_t box[2] = {S::kRowBytes, kSTiles * kTileRows};
+    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, src.dec.packed, dims,
+                                 strides, box);
+    if (err != cudaSuccess) return err;
+    const int64_t blocks = k_in >> src.log2_bs;
+    const cuuint64_t sdims[2] = {static_cast<cuuint64_t>(blocks), static_cast<cuuint64_t>(n_out)},
+                     sstrides[1] = {static_cast<cuuint64_t>(blocks * 4)};
+    const cuuint32_t sbox[2] = {4, kSTiles * kTileRows};
+    return tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, src.dec.absmax, sdims,
+                      sstrides, sbox);
+}
+
+template <class T, class Src>
+cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const void *x,
+                            int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
+                            void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    const int bm = stream90_bm(m);
+    const int ctas = bm == 16 ? stream_ctas<Src, 16>() : bm == 32 ? stream_ctas<Src, 32>() : stream_ctas<Src, 64>();
+    const GemmPlan plan = stream90_plan(m, k_in, n_out, ctas);
     StreamMaps maps;
-    {
-        const cuuint64_t dims[3] = {kUnitW / 8, groups, tiles}, strides[2] = {kUnitW, kUnitW * groups};
-        const cuuint32_t box[3] = {kUnitW / 8, 1, kSTiles};
-        const cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, dec.packed,
-                                           dims, strides, box);
-        if (err != cudaSuccess) return err;
-    }
-    {
-        const cuuint64_t dims[3] = {static_cast<cuuint64_t>(unit_s / 8), groups, tiles},
-                         strides[2] = {static_cast<cuuint64_t>(unit_s), unit_s * groups};
-        const cuuint32_t box[3] = {static_cast<cuuint32_t>(unit_s / 8), 1, kSTiles};
-        const cudaError_t err = tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3,
-                                           dec.absmax, dims, strides, box);
-        if (err != cudaSuccess) return err;
-    }
+    cudaError_t err = source_maps(src, k_in, n_out, maps);
+    if (err != cudaSuccess) return err;
     switch (bm) {
 #define KBIT_STREAM90_BN(BN)                                                                    \
     case BN: {                                                                                  \
         const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)}; \
         const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};                      \
-        const cuuint32_t box[2] = {tiled::kGroupChunks * kChunk, BN};                           \
-        const cudaError_t err =                                                                 \
-            tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box);      \
+        const cuuint32_t box[2] = {kStageK, BN};                                                \
+        err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box);    \
         if (err != cudaSuccess) return err;                                                     \
-        constexpr int kCtas = stream_ctas<K, BN>();                                             \
-        return gemm::launch_gemm<stream90_kernel<T, K, BN, kCtas>, T>(                          \
-            kThreads90, StreamConfig90<K, BN, kCtas>::bytes(), BN, plan, dec, codebook, k, x, m, \
-            k_in, n_out, bias, y, workspace, workspace_bytes, stream, maps);                    \
+        constexpr int kCtas = stream_ctas<Src, BN>();                                           \
+        return gemm::launch_gemm<stream90_kernel<T, Src, BN, kCtas>, T>(                        \
+            kThreads90, StreamConfig90<Src, BN, kCtas>::bytes(), BN, plan, src, codebook, k, x, \
+            m, k_in, n_out, bias, y, workspace, workspace_bytes, stream, maps);                 \
     }
         KBIT_STREAM90_BN(16)
         KBIT_STREAM90_BN(32)
@@ -832,6 +929,10 @@ cudaError_t launch_streamed(const TiledScale<T, K> &dec, const float *codebook, 
 #if KBIT_SM90A
 
 bool built() { return true; }
+
+bool streams(const Bnb4Weight &w, int64_t k_in) {
+    return aligned(w.packed, 16) && aligned(w.absmax, 16) && (k_in >> w.log2_blocksize) % 4 == 0;
+}
 
 cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
                    int64_t n_out, const void *bias, void *y, void *workspace,
@@ -850,8 +951,9 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                                    w.fmt, sb},
                                   tiled::geometry(n_out, k_in)};
                     if (m <= kStream90MaxM)
-                        err = launch_streamed<T, kc.value>(dec, w.codebook, w.k, x, m, k_in, n_out,
-                                                           bias, y, workspace, workspace_bytes, stream);
+                        err = launch_streamed<T>(TiledSrc<T, kc.value>{dec}, w.codebook, w.k, x, m,
+                                                 k_in, n_out, bias, y, workspace, workspace_bytes,
+                                                 stream);
                     else
                         err = launch<T, Dec, kTiled, 16>(dec, w.codebook, w.k, x, m, k_in, n_out,
                                                          bias, y, workspace, workspace_bytes, stream);
@@ -882,8 +984,13 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
             auto run = [&](auto fmt) {
                 using Dec = Bnb4Staged<T, decltype(fmt)>;
                 const Dec dec{packed, absmax, w.packed_bytes, w.absmax_bytes, w.log2_blocksize - 5};
-                err = launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, workspace,
-                                       workspace_bytes, stream);
+                if (m <= kStream90MaxM && streams(w, k_in))
+                    err = launch_streamed<T>(Bnb4Src<T, decltype(fmt)>{dec, w.log2_blocksize}, nullptr,
+                                             4, x, m, k_in, n_out, bias, y, workspace,
+                                             workspace_bytes, stream);
+                else
+                    err = launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, workspace,
+                                           workspace_bytes, stream);
             };
             if (w.fp4) run(bnb4::Fp4{});
             else run(bnb4::Nf4{});
@@ -896,6 +1003,7 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
 #else  // a build without sm_90: the GEMM of gemm.cuh serves every GPU
 
 bool built() { return false; }
+bool streams(const Bnb4Weight &, int64_t) { return false; }
 cudaError_t matmul(const KbitWeight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
                    const void *, void *, void *, size_t, cudaStream_t) {
     return cudaErrorNotSupported;

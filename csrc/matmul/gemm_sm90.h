@@ -35,6 +35,11 @@ struct Bnb4Weight {
     int log2_blocksize;
 };
 
+// Whether the streamed GEMM (m <= kStream90MaxM) can read this NF4 / FP4 weight: its
+// arrays on 16 bytes and its scale rows (k_in / blocksize of them) a multiple of 4; else
+// the wgmma GEMM takes it, from m = kGemm90MinM.
+bool streams(const Bnb4Weight &w, int64_t k_in);
+
 // y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
 // aligned), m >= 1 rows; split k through the workspace where the plan asks for it
 // (formats/matmul.h: gemm90_plan) and the workspace is large enough, else one split.

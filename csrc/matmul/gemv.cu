@@ -859,8 +859,8 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
 // fp16 x with kbit's fp32 block scales (which may lie beyond fp16's range) stays on the
 // mma.sync GEMM, whose scales stay float32; fp32_scales: the weight is kbit with fp32
 // block scales (NF4 / FP4's fp32 scales are bitsandbytes', rounded to fp16 as it does).
-// Tiled kbit weights take it from min_m = stream90_min_m (its streamed kernel to
-// kStream90MaxM).
+// Tiled kbit and NF4 / FP4 weights its streamed kernel reads take it from min_m =
+// stream90_min_m (that kernel to kStream90MaxM).
 bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales, int64_t min_m = kGemm90MinM) {
     if (m < min_m || !sm90::built()) return false;
     if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
@@ -1086,10 +1086,11 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             if constexpr (!std::is_same_v<T, F32>) {
                 const Bnb4Staged<T, Fmt> dec{packed, reinterpret_cast<const uint8_t *>(absmax),
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
-                if (use_sm90(m, dtype, false))
-                    err = sm90::matmul(sm90::Bnb4Weight{std::is_same_v<Fmt, bnb4::Fp4>, packed,
-                                                        absmax, n / 2, (n >> log2_bs) * 4, log2_bs},
-                                       dtype, x, m, k_in, n_out, bias, y, workspace,
+                const sm90::Bnb4Weight w90{std::is_same_v<Fmt, bnb4::Fp4>, packed, absmax, n / 2,
+                                           (n >> log2_bs) * 4, log2_bs};
+                const int64_t min_m = sm90::streams(w90, k_in) ? stream90_min_m(n_out) : kGemm90MinM;
+                if (use_sm90(m, dtype, false, min_m))
+                    err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
                                        workspace_bytes, stream);
                 else
                     err = m > 2 * kMaxM
