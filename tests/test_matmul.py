@@ -536,6 +536,27 @@ def test_gpu_gemm_wide_shapes(rng, family):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", KS)
+def test_gpu_kbit_stored_streamed_gemm(rng, k):
+    """Stored kbit at m = 9..64, which on sm_90 the streamed wgmma GEMM reads as
+    kbit_quantize stores it (m = 9..16 from 8192 rows; a row's chunk bytes and scales on
+    16 bytes): every absmax format, a custom codebook and tensor_scale, rows off the
+    CTA's 128, few tiles (split k), and rows whose scales are not on 16 bytes (5 chunks:
+    the wgmma GEMM instead); against the reference and the host."""
+    cases = ((8200, 512, "e4m4", False, (9, 16)), (300, 2048, "fp16", True, (17, 40)),
+             (131, 1024, "fp32", False, (24, 64)), (77, 4096, "e4m4", True, (33,)),
+             (131, 160, "e4m4", False, (20,)))
+    for i, (n_out, k_in, fmt, custom, ms) in enumerate(cases):
+        cb = np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32) if custom else None
+        w, w64 = gpu_case(rng, "kbit", n_out, k_in, k=k, fmt=fmt, codebook=cb,
+                          tensor_scale="custom" if custom else None)
+        for m in ms:
+            dtype = "bfloat16" if fmt == "fp32" else ("float16", "bfloat16")[(i + m) % 2]
+            check_gpu(rng, w, w64, m, dtype, m % 2 == 1,
+                      f"kbit K={k} {fmt} {n_out}x{k_in} cb={custom} m={m}")
+
+
+@requires_gpu
 @pytest.mark.parametrize("family", ["nf4", "fp4"])
 def test_gpu_bnb4_streamed_gemm(rng, family):
     """NF4 / FP4 at m = 9..64, which on sm_90 the streamed wgmma GEMM reads as

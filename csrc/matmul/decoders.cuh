@@ -243,22 +243,30 @@ struct KbitStaged {
                                           uint32_t (&p)[4]) const {
         uint32_t v[K];
         load_words(w, v);
+        uint32_t q, fifth;
+        transpose(v, t, q, fifth);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = table[index(q, fifth, i)];
+    }
+    // The four pair indices of byte t of the planes v: q's byte i holds pair i's low 8
+    // bits, fifth (K = 5: plane 4's byte t) its bits 8-9 at 2i.
+    __device__ static __forceinline__ void transpose(const uint32_t (&v)[K], int t, uint32_t &q,
+                                                     uint32_t &fifth) {
         const uint32_t sel = static_cast<uint32_t>(t) | static_cast<uint32_t>(t + 4) << 4;
         const uint32_t lo = __byte_perm(v[0], v[1], sel);
         const uint32_t hi = K >= 3 ? __byte_perm(v[2], K >= 4 ? v[3] : 0u, sel) : 0u;
-        uint32_t q = __byte_perm(lo, hi, 0x5410);
+        q = __byte_perm(lo, hi, 0x5410);
         uint32_t d = ((q >> 12) ^ q) & 0x0000F0F0u;  // swap the off-diagonal 2x2 blocks
         q ^= d ^ (d << 12);
         d = ((q >> 6) ^ q) & 0x00CC00CCu;            // swap inside the 2x2 blocks
         q ^= d ^ (d << 6);
-        uint32_t fifth = 0;                          // K = 5: plane 4's byte t
+        fifth = 0;
         if constexpr (K == 5) fifth = v[4] >> (8 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t idx = (q >> (8 * i)) & 0xFFu;
-            if constexpr (K == 5) idx |= ((fifth >> (2 * i)) & 3u) << 8;
-            p[i] = table[idx];
-        }
+    }
+    __device__ static __forceinline__ uint32_t index(uint32_t q, uint32_t fifth, int i) {
+        uint32_t idx = (q >> (8 * i)) & 0xFFu;
+        if constexpr (K == 5) idx |= ((fifth >> (2 * i)) & 3u) << 8;
+        return idx;
     }
 
     // Entry e: the codebook values (over their largest |entry|) of the two codes whose

@@ -524,6 +524,31 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, i
         : "memory");
 }
 
+// A row's four kbit block scales (sb = 1, 2 or 4 bytes each, contiguous at `at`) as pairs
+// of T: E4M4 through its table (times 2^8), fp16 as it is, fp32 rounded.
+template <class T>
+__device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, const uint32_t *e4m4_pair,
+                                                 uint32_t (&s)[4]) {
+    if (sb == 1) {
+        const uint32_t v = lds_u32(at);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
+    } else if (sb == 2) {
+        const uint2 v = lds_u32x2(at);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
+            if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
+            else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
+        }
+    } else {
+        const uint4 v = lds_u32x4(at);
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
+    }
+}
+
 // Tiled kbit: `words` are the lane's segment of its warp's unit, the scales those of its
 // rows' four chunks (1, 2 or 4 bytes each, as stored).
 template <class T, int K>
@@ -550,26 +575,9 @@ struct TiledSrc {
         return kWBytes + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * dec.sb;
     }
     __device__ void load_words(uint32_t at, uint32_t (&w)[kWords]) const { load_segment<K>(at, w); }
-    // Row g's scales of the stage's chunks as pairs of T (shift: E4M4 times 2^8).
+    // Row g's scales of the stage's chunks as pairs of T.
     __device__ void scales(uint32_t at, int, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
-        if (dec.sb == 1) {
-            const uint32_t v = lds_u32(at);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
-        } else if (dec.sb == 2) {
-            const uint2 v = lds_u32x2(at);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
-                if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
-                else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
-            }
-        } else {
-            const uint4 v = lds_u32x4(at);
-            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
-        }
+        kbit_scale_pairs<T>(at, dec.sb, e4m4_pair, s);
     }
     __device__ uint32_t s_row8() const { return 8 * tiled::kGroupChunks * dec.sb; }  // row g + 8's
     // Pair i of chunk v, row half h (0: row g, 1: g + 8): a field of the segment.
@@ -629,6 +637,67 @@ struct Bnb4Src {
         return __byte_perm(w[2 * v + h], 0u, 0x4440u | static_cast<uint32_t>(i));
     }
     __device__ float out_mul(float) const { return 1.0f; }
+};
+
+// Stored kbit (kbit_quantize's layout): 4K bytes a row and chunk (K bit planes), a scale
+// of sb bytes a chunk; each lane takes the planes' byte t of its rows' chunks and
+// transposes them into its four pair indices as it loads them (the row's chunk bytes
+// and scales on 16 bytes: (chunks K) % 4 == 0, (chunks sb) % 16 == 0). A TMA box starts
+// on 16 bytes (a box that did not measured an illegal instruction), so the scales' box
+// is the 16 bytes of each row that hold the stage's four.
+template <class T, int K>
+struct StoredKbitSrc {
+    using Dec = KbitAnyScale<T, K>;
+    static constexpr int kRowBytes = tiled::kGroupChunks * 4 * K;          // a row's stage
+    static constexpr int kWBytes = kSTiles * kTileRows * kRowBytes;
+    static constexpr int kSBytes = kSTiles * kTileRows * 16;               // 16 bytes a row
+    static constexpr int kWords = K == 5 ? 16 : 8;  // q of rows g, g + 8, 4 chunks; K = 5: fifth
+    static constexpr bool kE4M4Table = true;
+    Dec dec;
+
+    __device__ uint32_t stage_bytes() const { return kWBytes + kSBytes; }
+    __device__ void issue(uint32_t dst, const StreamMaps &maps, int gi, int64_t n0, uint32_t bar,
+                          uint64_t policy) const {
+        tma_load(dst, maps.w, gi * kRowBytes, static_cast<int>(n0), bar, policy);
+        // (a box starts on 16 bytes: the one that holds the stage's 4 sb bytes)
+        const int per_box = 16 / dec.sb;
+        tma_load(dst + kWBytes, maps.scales, (gi * tiled::kGroupChunks) & ~(per_box - 1),
+                 static_cast<int>(n0), bar, policy);
+    }
+    __device__ uint32_t w_offset(int warp, int lane) const {
+        return (warp * kTileRows + (lane >> 2)) * kRowBytes;
+    }
+    __device__ uint32_t s_offset(int warp, int g) const { return kWBytes + (warp * kTileRows + g) * 16; }
+    __device__ void load_words(uint32_t at, uint32_t (&w)[kWords]) const {
+        const int t = threadIdx.x & 3;
+#pragma unroll
+        for (int v = 0; v < 4; ++v)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t chunk = at + h * 8 * kRowBytes + v * 4 * K;
+                uint32_t planes[K];
+                if constexpr (K == 4) {
+                    const uint4 u = lds_u32x4(chunk);
+                    planes[0] = u.x, planes[1] = u.y, planes[2] = u.z, planes[3] = u.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < K; ++j) planes[j] = lds_u32(chunk + 4 * j);
+                }
+                uint32_t fifth;
+                Dec::transpose(planes, t, w[2 * v + h], fifth);
+                if constexpr (K == 5) w[8 + 2 * v + h] = fifth;
+            }
+    }
+    __device__ void scales(uint32_t at, int gi, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
+        kbit_scale_pairs<T>(at + ((gi * tiled::kGroupChunks * dec.sb) & 15), dec.sb, e4m4_pair, s);
+    }
+    __device__ uint32_t s_row8() const { return 8 * 16; }
+    __device__ static uint32_t index(const uint32_t (&w)[kWords], int v, int h, int i) {
+        return Dec::index(w[2 * v + h], K == 5 ? w[(8 + 2 * v + h) % kWords] : 0u, i);
+    }
+    __device__ float out_mul(float book) const {
+        return dec.scale_mul * book / (dec.sb == 1 ? 256.0f : 1.0f);
+    }
 };
 
 template <class Src, int BN>
@@ -891,6 +960,27 @@ cudaError_t source_maps(const Bnb4Src<T, Fmt> &src, int64_t k_in, int64_t n_out,
                       sstrides, sbox);
 }
 
+template <class T, int K>
+cudaError_t source_maps(const StoredKbitSrc<T, K> &src, int64_t k_in, int64_t n_out,
+                        StreamMaps &maps) {
+    using S = StoredKbitSrc<T, K>;
+    const int64_t chunks = k_in / kChunk;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(chunks * 4 * K), static_cast<cuuint64_t>(n_out)},
+                     strides[1] = {static_cast<cuuint64_t>(chunks * 4 * K)};
+    const cuuint32_t box[2] = {S::kRowBytes, kSTiles * kTileRows};
+    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, src.dec.packed, dims,
+                                 strides, box);
+    if (err != cudaSuccess) return err;
+    const int sb = src.dec.sb;
+    const CUtensorMapDataType type = sb == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : sb == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                               : CU_TENSOR_MAP_DATA_TYPE_UINT32;
+    const cuuint64_t sdims[2] = {static_cast<cuuint64_t>(chunks), static_cast<cuuint64_t>(n_out)},
+                     sstrides[1] = {static_cast<cuuint64_t>(chunks * sb)};
+    const cuuint32_t sbox[2] = {static_cast<cuuint32_t>(16 / sb), kSTiles * kTileRows};
+    return tensor_map(&maps.scales, type, 2, src.dec.absmax, sdims, sstrides, sbox);
+}
+
 template <class T, class Src>
 cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const void *x,
                             int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
@@ -933,6 +1023,12 @@ bool built() { return true; }
 bool streams(const Bnb4Weight &w, int64_t k_in) {
     return aligned(w.packed, 16) && aligned(w.absmax, 16) && (k_in >> w.log2_blocksize) % 4 == 0;
 }
+bool streams(const KbitWeight &w, int64_t k_in) {
+    if (w.tiled) return true;  // (kbit_tile's arrays are on 16 bytes)
+    const int64_t chunks = k_in / kChunk;
+    return aligned(w.packed, 16) && aligned(w.absmax, 16) && chunks * w.k % 4 == 0 &&
+           chunks * static_cast<int64_t>(absmax_align(w.fmt)) % 16 == 0;
+}
 
 cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
                    int64_t n_out, const void *bias, void *y, void *workspace,
@@ -961,8 +1057,13 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                     using Dec = KbitAnyScale<T, kc.value>;
                     const Dec dec{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
                                   w.fmt, sb};
-                    err = launch_stored<T>(dec, w.codebook, w.k, x, m, k_in, n_out, bias, y,
-                                           workspace, workspace_bytes, stream);
+                    if (m <= kStream90MaxM && streams(w, k_in))
+                        err = launch_streamed<T>(StoredKbitSrc<T, kc.value>{dec}, w.codebook, w.k,
+                                                 x, m, k_in, n_out, bias, y, workspace,
+                                                 workspace_bytes, stream);
+                    else
+                        err = launch_stored<T>(dec, w.codebook, w.k, x, m, k_in, n_out, bias, y,
+                                               workspace, workspace_bytes, stream);
                 }
                 return KBIT_SUCCESS;
             });
@@ -1004,6 +1105,7 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
 
 bool built() { return false; }
 bool streams(const Bnb4Weight &, int64_t) { return false; }
+bool streams(const KbitWeight &, int64_t) { return false; }
 cudaError_t matmul(const KbitWeight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
                    const void *, void *, void *, size_t, cudaStream_t) {
     return cudaErrorNotSupported;

@@ -39,6 +39,9 @@ struct Bnb4Weight {
 // arrays on 16 bytes and its scale rows (k_in / blocksize of them) a multiple of 4; else
 // the wgmma GEMM takes it, from m = kGemm90MinM.
 bool streams(const Bnb4Weight &w, int64_t k_in);
+// The same for kbit: tiled always; stored with its arrays on 16 bytes, a row's bytes a
+// multiple of 16 ((k_in / 32) K % 4 == 0) and its scales too.
+bool streams(const KbitWeight &w, int64_t k_in);
 
 // y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
 // aligned), m >= 1 rows; split k through the workspace where the plan asks for it

@@ -859,8 +859,8 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
 // fp16 x with kbit's fp32 block scales (which may lie beyond fp16's range) stays on the
 // mma.sync GEMM, whose scales stay float32; fp32_scales: the weight is kbit with fp32
 // block scales (NF4 / FP4's fp32 scales are bitsandbytes', rounded to fp16 as it does).
-// Tiled kbit and NF4 / FP4 weights its streamed kernel reads take it from min_m =
-// stream90_min_m (that kernel to kStream90MaxM).
+// Weights its streamed kernel reads (sm90::streams) take it from min_m = stream90_min_m
+// (that kernel to kStream90MaxM).
 bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales, int64_t min_m = kGemm90MinM) {
     if (m < min_m || !sm90::built()) return false;
     if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
@@ -890,17 +890,17 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             using T = decltype(tag);
             if constexpr (!std::is_same_v<T, F32>) {
                 with_k(k, [&](auto kc) {
+                    using Dec = KbitAnyScale<T, kc.value>;
+                    const int sb = static_cast<int>(absmax_align(fmt));
+                    const sm90::KbitWeight w90{false, packed, absmax, blocks * Dec::kChunkBytes,
+                                               blocks * sb, fmt, ts, codebook, k};
+                    const int64_t min_m = sm90::streams(w90, k_in) ? stream90_min_m(n_out) : kGemm90MinM;
+                    if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, min_m)) {
+                        err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
+                                           workspace_bytes, stream);
+                        return KBIT_SUCCESS;
+                    }
                     if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
-                        using Dec = KbitAnyScale<T, kc.value>;
-                        const int sb = static_cast<int>(absmax_align(fmt));
-                        if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32)) {
-                            err = sm90::matmul(
-                                sm90::KbitWeight{false, packed, absmax, blocks * Dec::kChunkBytes,
-                                                 blocks * sb, fmt, ts, codebook, k},
-                                dtype, x, m, k_in, n_out, bias, y, workspace, workspace_bytes,
-                                stream);
-                            return KBIT_SUCCESS;
-                        }
                         const Dec dec{{reinterpret_cast<const uint8_t *>(packed),
                                        static_cast<const uint8_t *>(absmax),
                                        blocks * Dec::kChunkBytes, blocks * sb, ts},
