@@ -130,6 +130,33 @@ __device__ __forceinline__ void scale_pairs(T, uint32_t (&p)[4], float f) {
     }
 }
 
+// y from a CTA's accumulators (two warpgroups of m64nNk16: acc[4 j + e] of lane (g, t)
+// of warp w is W row n0 + 16 w + g (+ 8 for e >= 2), x row m0 + 8 j + 2 t (+ 1 for odd e))
+// times out_mul, plus bias; through the split reduction where k was split.
+template <class T, int kAcc>
+__device__ __forceinline__ void epilogue(const float (&acc)[kAcc], int64_t tile, int64_t n0,
+                                         int64_t m0, int64_t m, int64_t n_out, float out_mul,
+                                         const typename T::storage *__restrict__ bias,
+                                         typename T::storage *__restrict__ y, int split, int splits,
+                                         float *partials, unsigned *counters) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t w_base = n0 + 16 * warp + (lane >> 2), x_base = m0 + 2 * (lane & 3);
+    auto store = [&](int i, float v) {
+        const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
+        if (wr < n_out && xr < m) {
+            v *= out_mul;
+            if (bias) v += load_f32(T{}, bias[wr]);
+            y[xr * n_out + wr] = store_cast(T{}, v);
+        }
+    };
+    if (splits == 1) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
+        return;
+    }
+    gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store);
+}
+
 // Shared memory, 1024-byte aligned: [x ring: R x BN rows][kTiles decoded W tiles][raw ring:
 // R x (W rows | scale windows, 16 bytes a row)][pair table][the stage's 128 x 2 scales].
 // Two stages multiply while a third is decoded, so the ring needs four slots or more: the
@@ -184,7 +211,7 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
     uint8_t *rawring = wtile + kTiles * kTileBytes;
     uint32_t *table = reinterpret_cast<uint32_t *>(rawring + R * kRaw);
     float *wscale = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(table) + C::L::kTable);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
 
     // The pair table; what the whole weight shares goes to the output.
     float out_mul = 1.0f;
@@ -405,24 +432,7 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
     fence_operands(acc);
     cp_async_wait<0>();
 
-    // Epilogue. acc[4 j + e]: W row 64 wg + 16 (warp % 4) + g (+ 8 for e >= 2), x row
-    // 8 j + 2 t (+ 1 for odd e).
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t w_base = n0 + 64 * wg + 16 * (warp & 3) + g, x_base = m0 + 2 * t;
-    auto store = [&](int i, float v) {
-        const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
-        if (wr < n_out && xr < m) {
-            v *= out_mul;
-            if (bias) v += load_f32(T{}, bias[wr]);
-            y[xr * n_out + wr] = store_cast(T{}, v);
-        }
-    };
-    if (splits == 1) {
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
-        return;
-    }
-    gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store);
+    epilogue<T>(acc, tile, n0, m0, m, n_out, out_mul, bias, y, split, splits, partials, counters);
 }
 
 // The launch for one decoder and CTA shape.
@@ -761,7 +771,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     __shared__ uint32_t e4m4_pair[256];        // E4M4 code -> its value times 2^8, a pair of T
     __shared__ alignas(8) uint64_t full[kSMaxRing];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2;
 
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
     const gemm::TileOrigin origin = gemm::tile_origin(blockIdx.x, m, n_out, BN);
@@ -879,23 +889,8 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     wgmma_wait<0>();
     fence_operands(acc);
 
-    // Epilogue (as the kernel above): acc[4 j + e]: W row 16 warp + g (+ 8 for e >= 2),
-    // x row 8 j + 2 t (+ 1 for odd e).
-    const int64_t w_base = n0 + 16 * warp + g, x_base = m0 + 2 * t;
-    auto store = [&](int i, float v) {
-        const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
-        if (wr < n_out && xr < m) {
-            v *= out_mul;
-            if (bias) v += load_f32(T{}, bias[wr]);
-            y[xr * n_out + wr] = store_cast(T{}, v);
-        }
-    };
-    if (splits == 1) {
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
-        return;
-    }
-    gemm::reduce_splits<kAcc, kThreads90>(acc, blockIdx.x, split, splits, partials, counters, store);
+    epilogue<T>(acc, blockIdx.x, n0, m0, m, n_out, out_mul, bias, y, split, splits, partials,
+                counters);
 }
 
 // The driver's tensor map encoder (through the runtime: no link to libcuda).
