@@ -472,10 +472,11 @@ KBIT_API kbit_status kbit_gguf_dequantize_host(int ggml_type, const void *blocks
  *    accumulated in float32, the bias is added in float32 and y is rounded once to
  *    `dtype` (round to nearest even). On the GPU, fp16 / bf16 x meets W on tensor
  *    cores with W's codebook values rounded to x's type; on compute capability 9.0 from
- *    m = 17 rows (the wgmma GEMMs; from m = 9 for weights of 8192 rows or more that the
- *    streamed one reads: tiled kbit, stored kbit whose rows of codes and scales are
- *    multiples of 16 bytes, NF4 / FP4 with k_in / blocksize a multiple of 4, arrays on 16
- *    bytes) each weight's codebook value times its block scale is rounded once to x's type
+ *    m = 17 rows (the wgmma GEMMs; from m = 9 for weights of 8192 rows or more, or stored
+ *    ones of 2^25 elements or more, that the streamed one reads: tiled kbit, stored kbit
+ *    whose rows of codes and scales are multiples of 16 bytes, NF4 / FP4 with k_in /
+ *    blocksize a multiple of 4, arrays on 16 bytes) each weight's codebook value times its
+ *    block scale is rounded once to x's type
  *    (tensor_scale stays float32, applied to the sums), except for fp16 x with fp32 kbit
  *    block scales, whose scales stay float32. NF4 / FP4 block
  *    scales above 65504 with fp16 x overflow there as in bitsandbytes' fp16 dequantize.

@@ -194,11 +194,18 @@ inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm =
 constexpr int64_t kStream90MaxM = 64;
 inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // From m = kGemmMinM it takes weights of kStream90MinRows rows or more; below, m = 9..16
-// stays on the register GEMV (a 16-row tile a CTA, no split), which measured faster on
-// 4096 rows (14 against 23 us) and slower from 8192 (105 against 73 us; H200,
-// bench/RESULTS.md session 9). From m = 17 it takes every weight.
+// stays on the GEMV (a 16-row tile a CTA, no split). Tiled: the register GEMV measured
+// faster on 4096 rows (4096x14336: 31 against 36 us; 4096x4096: 14 against 24) and
+// slower from 8192 (105 against 73 us). Stored kbit and NF4 / FP4, whose staged GEMV is
+// slower, also from kStream90MinWeights weights (NF4 4096x14336 m = 16: 37 against 46
+// us; 4096x4096: 22 against 20; H200, bench/RESULTS.md session 9). From m = 17 it takes
+// every weight.
 constexpr int64_t kStream90MinRows = 8192;
-inline int64_t stream90_min_m(int64_t n_out) { return n_out >= kStream90MinRows ? kGemmMinM : kGemm90MinM; }
+constexpr int64_t kStream90MinWeights = int64_t{1} << 25;
+inline int64_t stream90_min_m(int64_t n_out, int64_t k_in, bool tiled) {
+    const bool big = n_out >= kStream90MinRows || (!tiled && n_out * k_in >= kStream90MinWeights);
+    return big ? kGemmMinM : kGemm90MinM;
+}
 inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     if (m < kGemmMinM || m > kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
     return plan_for(stream90_bm(m), 132 * ctas, m, k_in, n_out);
