@@ -499,18 +499,18 @@ cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const vo
 //    (three such tiles: one barrier a stage is enough);
 //  - the A registers come in two halves (chunks 0-1 and 2-3): one half is decoded while
 //    the wgmma of the other runs.
-// W comes from one of two sources: the tiled kbit layout (a (tile, group) unit a warp,
-// each lane's 8K-byte segment holding exactly its pair indices) or NF4 / FP4 as
-// bitsandbytes stores them (the stage's 64 bytes of each row: lane t's word of a chunk
-// holds its four pairs, a byte each). Rounding and scale shifts are the kernel above's;
-// split k and the reduction too.
+// W comes from a source: the tiled kbit layout (a (tile, group) unit a warp, each lane's
+// 8K-byte segment holding exactly its pair indices), NF4 / FP4 as bitsandbytes stores
+// them (the stage's 64 bytes of each row: lane t's word of a chunk holds its four pairs,
+// a byte each), or kbit as stored (the lane transposes byte t of the chunk's planes).
+// Rounding and scale shifts are the kernel above's; split k and the reduction too.
 constexpr int kSTiles = kThreads90 / 32;  // row tiles (of 16 rows) of a CTA: one a warp
 constexpr int kSMaxRing = 8;
 constexpr int kStageK = tiled::kGroupChunks * kChunk;  // 128 elements of k a stage
 
 // The stage's three copies: W and its scales (tiled: 3-d maps, 8-byte elements of a unit
-// by chunk groups by row tiles, a box of 8 tiles' units of one group; NF4: 2-d maps over
-// the packed bytes and the float32 scales, by rows) and x (2-d: k by rows; a box of 128
+// by chunk groups by row tiles, a box of 8 tiles' units of one group; stored: 2-d maps
+// over the packed bytes and the scales, by rows) and x (2-d: k by rows; a box of 128
 // elements by BN rows). Past the arrays' ends they read zeros.
 struct StreamMaps {
     CUtensorMap w, scales, x;
@@ -1015,10 +1015,14 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 
 bool built() { return true; }
 
-bool streams(const Bnb4Weight &w, int64_t k_in) {
-    return aligned(w.packed, 16) && aligned(w.absmax, 16) && (k_in >> w.log2_blocksize) % 4 == 0;
+// (Tensor-map coordinates are 32-bit: rows and k below 2^31.)
+bool fits_maps(int64_t k_in, int64_t n_out) { return k_in < (int64_t{1} << 31) && n_out < (int64_t{1} << 31); }
+bool streams(const Bnb4Weight &w, int64_t k_in, int64_t n_out) {
+    return fits_maps(k_in, n_out) && aligned(w.packed, 16) && aligned(w.absmax, 16) &&
+           (k_in >> w.log2_blocksize) % 4 == 0;
 }
-bool streams(const KbitWeight &w, int64_t k_in) {
+bool streams(const KbitWeight &w, int64_t k_in, int64_t n_out) {
+    if (!fits_maps(k_in, n_out)) return false;
     if (w.tiled) return true;  // (kbit_tile's arrays are on 16 bytes)
     const int64_t chunks = k_in / kChunk;
     return aligned(w.packed, 16) && aligned(w.absmax, 16) && chunks * w.k % 4 == 0 &&
@@ -1041,7 +1045,7 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                     const Dec dec{{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
                                    w.fmt, sb},
                                   tiled::geometry(n_out, k_in)};
-                    if (m <= kStream90MaxM)
+                    if (m <= kStream90MaxM && streams(w, k_in, n_out))
                         err = launch_streamed<T>(TiledSrc<T, kc.value>{dec}, w.codebook, w.k, x, m,
                                                  k_in, n_out, bias, y, workspace, workspace_bytes,
                                                  stream);
@@ -1052,7 +1056,7 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                     using Dec = KbitAnyScale<T, kc.value>;
                     const Dec dec{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
                                   w.fmt, sb};
-                    if (m <= kStream90MaxM && streams(w, k_in))
+                    if (m <= kStream90MaxM && streams(w, k_in, n_out))
                         err = launch_streamed<T>(StoredKbitSrc<T, kc.value>{dec}, w.codebook, w.k,
                                                  x, m, k_in, n_out, bias, y, workspace,
                                                  workspace_bytes, stream);
@@ -1080,7 +1084,7 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
             auto run = [&](auto fmt) {
                 using Dec = Bnb4Staged<T, decltype(fmt)>;
                 const Dec dec{packed, absmax, w.packed_bytes, w.absmax_bytes, w.log2_blocksize - 5};
-                if (m <= kStream90MaxM && streams(w, k_in))
+                if (m <= kStream90MaxM && streams(w, k_in, n_out))
                     err = launch_streamed<T>(Bnb4Src<T, decltype(fmt)>{dec, w.log2_blocksize}, nullptr,
                                              4, x, m, k_in, n_out, bias, y, workspace,
                                              workspace_bytes, stream);
@@ -1099,8 +1103,8 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
 #else  // a build without sm_90: the GEMM of gemm.cuh serves every GPU
 
 bool built() { return false; }
-bool streams(const Bnb4Weight &, int64_t) { return false; }
-bool streams(const KbitWeight &, int64_t) { return false; }
+bool streams(const Bnb4Weight &, int64_t, int64_t) { return false; }
+bool streams(const KbitWeight &, int64_t, int64_t) { return false; }
 cudaError_t matmul(const KbitWeight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
                    const void *, void *, void *, size_t, cudaStream_t) {
     return cudaErrorNotSupported;

@@ -36,12 +36,12 @@ struct Bnb4Weight {
 };
 
 // Whether the streamed GEMM (m <= kStream90MaxM) can read this NF4 / FP4 weight: its
-// arrays on 16 bytes and its scale rows (k_in / blocksize of them) a multiple of 4; else
-// the wgmma GEMM takes it, from m = kGemm90MinM.
-bool streams(const Bnb4Weight &w, int64_t k_in);
-// The same for kbit: tiled always; stored with its arrays on 16 bytes, a row's bytes a
-// multiple of 16 ((k_in / 32) K % 4 == 0) and its scales too.
-bool streams(const KbitWeight &w, int64_t k_in);
+// arrays on 16 bytes, its scale rows (k_in / blocksize of them) a multiple of 4, k_in and
+// n_out below 2^31; else the wgmma GEMM takes it, from m = kGemm90MinM.
+bool streams(const Bnb4Weight &w, int64_t k_in, int64_t n_out);
+// The same for kbit: tiled within the sizes; stored also with its arrays on 16 bytes, a
+// row's bytes a multiple of 16 ((k_in / 32) K % 4 == 0) and its scales too.
+bool streams(const KbitWeight &w, int64_t k_in, int64_t n_out);
 
 // y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
 // aligned), m >= 1 rows; split k through the workspace where the plan asks for it

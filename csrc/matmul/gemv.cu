@@ -895,7 +895,8 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                     const sm90::KbitWeight w90{false, packed, absmax, blocks * Dec::kChunkBytes,
                                                blocks * sb, fmt, ts, codebook, k};
                     const int64_t min_m =
-                        sm90::streams(w90, k_in) ? stream90_min_m(n_out, k_in, false) : kGemm90MinM;
+                        sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, false)
+                                                    : kGemm90MinM;
                     if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, min_m)) {
                         err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
                                            workspace_bytes, stream);
@@ -955,12 +956,14 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, F32>) {
             with_k(k, [&](auto kc) {
-                if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, stream90_min_m(n_out, k_in, true))) {
-                    err = sm90::matmul(sm90::KbitWeight{true, tiled_packed, tiled_absmax,
-                                                        tiled::packed_bytes(n_out, k_in, k),
-                                                        tiled::absmax_bytes(n_out, k_in, fmt), fmt,
-                                                        ts, codebook, k},
-                                       dtype, x, m, k_in, n_out, bias, y, workspace,
+                const sm90::KbitWeight w90{true, tiled_packed, tiled_absmax,
+                                           tiled::packed_bytes(n_out, k_in, k),
+                                           tiled::absmax_bytes(n_out, k_in, fmt), fmt, ts,
+                                           codebook, k};
+                const int64_t min_m =
+                    sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, true) : kGemm90MinM;
+                if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, min_m)) {
+                    err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
                                        workspace_bytes, stream);
                     return KBIT_SUCCESS;
                 }
@@ -1090,7 +1093,8 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 const sm90::Bnb4Weight w90{std::is_same_v<Fmt, bnb4::Fp4>, packed, absmax, n / 2,
                                            (n >> log2_bs) * 4, log2_bs};
                 const int64_t min_m =
-                    sm90::streams(w90, k_in) ? stream90_min_m(n_out, k_in, false) : kGemm90MinM;
+                    sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, false)
+                                                    : kGemm90MinM;
                 if (use_sm90(m, dtype, false, min_m))
                     err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
                                        workspace_bytes, stream);
