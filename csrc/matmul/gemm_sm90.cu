@@ -20,6 +20,9 @@
 // GEMM instead (gemv.cu), NF4 / FP4's as bitsandbytes rounds them, to fp16.
 //
 // Split k, tiles and the raster follow gemm.cuh (formats/matmul.h: gemm90_plan).
+//
+// Below it, the streamed GEMM of m = 9..64 (stream90_kernel), bound by W's bytes rather
+// than the tensor cores: the GEMV's decode in registers as the wgmma's A operand.
 #include "gemm_sm90.h"
 
 #include "decoders.cuh"

@@ -1,5 +1,6 @@
-// The wgmma GEMM for Hopper (gemm_sm90.cu), as gemv.cu's entries call it: plain arguments,
-// the kernels' templates stay inside that file (built for sm_90a alone).
+// The wgmma GEMMs for Hopper (gemm_sm90.cu: prefill, and the streamed one of m = 9..64),
+// as gemv.cu's entries call them: plain arguments, the kernels' templates stay inside
+// that file (built for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,8 +45,10 @@ bool streams(const Bnb4Weight &w, int64_t k_in, int64_t n_out);
 bool streams(const KbitWeight &w, int64_t k_in, int64_t n_out);
 
 // y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
-// aligned), m >= 1 rows; split k through the workspace where the plan asks for it
-// (formats/matmul.h: gemm90_plan) and the workspace is large enough, else one split.
+// aligned): m = kGemmMinM .. kStream90MaxM rows where streams() (the streamed GEMM), else
+// m >= kGemm90MinM (the prefill GEMM); split k through the workspace where the plan asks
+// for it (formats/matmul.h: stream90_plan, gemm90_plan) and the workspace is large
+// enough, else one split.
 cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
                    int64_t n_out, const void *bias, void *y, void *workspace,
                    size_t workspace_bytes, cudaStream_t stream);
