@@ -167,6 +167,18 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f)
     return v & ((1u << (2 * K)) - 1u);
 }
 
+// The pairs of chunk v of a tiled lane's words: fields 8 v + i (row g) into pa, 8 v + 4 + i
+// (row g + 8) into pb, each one table read.
+template <int K, int N, class Table>
+__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const Table &table,
+                                            uint32_t (&pa)[4], uint32_t (&pb)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        pa[i] = table[segment_field<K>(w, 8 * v + i)];
+        pb[i] = table[segment_field<K>(w, 8 * v + 4 + i)];
+    }
+}
+
 // A tiled lane segment (8K bytes at a shared address on 8K-byte boundaries) into 2K
 // words, in the widest loads its alignment allows.
 template <int K>
@@ -426,31 +438,17 @@ namespace gemm {
 // (formats/kbit_tiled.h) through the ring.
 enum Source { kStored, kDirect, kTiled };
 
-// Field f (2K bits) of a little-endian stream of N words; f a compile-time constant
-// after unrolling, so a shift and a mask (a byte permute at K = 4).
-template <int K, int N>
-__device__ __forceinline__ uint32_t stream_field(const uint32_t (&w)[N], int f) {
-    if constexpr (K == 4) return __byte_perm(w[f / 4], 0u, 0x4440u | static_cast<uint32_t>(f % 4));
-    const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
-    const uint32_t lo = w[word] >> shift;
-    const uint32_t v = (shift + 2 * K > 32) ? (lo | (w[word + 1] << (32 - shift))) : lo;
-    return v & ((1u << (2 * K)) - 1u);
-}
-
 // A tiled lane's half segment (K words w, formats/kbit_tiled.h) as pairs: f(u, h, p) for
 // chunk u = 0, 1 and row half h = 0, 1 (rows g, g + 8 of the lane), p the four pairs of
-// elements 8 t .. 8 t + 7 (fields 8 u + 4 h + i of the stream).
+// elements 8 t .. 8 t + 7 (fields 8 u + 4 h + i of the words).
 template <int K, class Table, class F>
 __device__ __forceinline__ void tiled_pairs(const uint32_t (&w)[K], const Table &table, F &&f) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint32_t p[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[i] = table[stream_field<K>(w, 8 * u + 4 * h + i)];
-            f(u, h, p);
-        }
+        uint32_t pa[4], pb[4];
+        chunk_pairs<K>(w, u, table, pa, pb);
+        f(u, 0, pa);
+        f(u, 1, pb);
     }
 }
 

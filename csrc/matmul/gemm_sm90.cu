@@ -109,6 +109,17 @@ __device__ __forceinline__ const uint8_t *pinned(const uint8_t *p) {
     return p;
 }
 
+// E4M4 block scales (at most 31) are taken times 2^8 on the way to the tensor cores, so
+// that the smallest products with codebook values stay normal fp16; fp16 and fp32 scales
+// as they are. What the whole kbit weight shares (tensor_scale times the codebook's
+// largest |entry|, `book`, over that shift) multiplies the sums at the output.
+constexpr float kE4M4Shift = 256.0f;
+__device__ __forceinline__ float scale_shift(int sb) { return sb == 1 ? kE4M4Shift : 1.0f; }
+template <class Dec>
+__device__ __forceinline__ float kbit_out_mul(const Dec &dec, float book) {
+    return dec.scale_mul * book / scale_shift(dec.sb);
+}
+
 // Four pairs of T times one factor (rounded to T first).
 template <class T>
 struct Pair;
@@ -220,9 +231,8 @@ gemm90_kernel(Dec dec, const float *__restrict__ codebook, int k,
     float out_mul = 1.0f;
     const float book = fill_pair_table<Dec, C::kCopies>(table, codebook, k);
     if constexpr (Dec::kUsesCodebook) {
-        const float shift = dec.sb == 1 ? 256.0f : 1.0f;
-        out_mul = dec.scale_mul * book / shift;
-        dec.scale_mul = shift;
+        out_mul = kbit_out_mul(dec, book);
+        dec.scale_mul = scale_shift(dec.sb);
     }
     const auto my_table = lane_table<C::kCopies>(table);
 
@@ -599,7 +609,7 @@ struct TiledSrc {
     }
     // The factor the sums take at the output, after the table's fill returned `book`.
     __device__ float out_mul(float book) const {
-        return dec.scale_mul * book / (dec.sb == 1 ? 256.0f : 1.0f);
+        return kbit_out_mul(dec, book);
     }
 };
 
@@ -709,7 +719,7 @@ struct StoredKbitSrc {
         return Dec::index(w[2 * v + h], K == 5 ? w[(8 + 2 * v + h) % kWords] : 0u, i);
     }
     __device__ float out_mul(float book) const {
-        return dec.scale_mul * book / (dec.sb == 1 ? 256.0f : 1.0f);
+        return kbit_out_mul(dec, book);
     }
 };
 
@@ -808,7 +818,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     const float out_mul = src.out_mul(fill_pair_table<Dec, C::kCopies>(table, codebook, k));
     if constexpr (Src::kE4M4Table)
         for (int c = tid; c < 256; c += kThreads90) {
-            const float f = e4m4_decode(c) * 256.0f;
+            const float f = e4m4_decode(c) * kE4M4Shift;
             e4m4_pair[c] = pack2(T{}, f, f);
         }
     __syncthreads();
@@ -941,42 +951,35 @@ cudaError_t source_maps(const TiledSrc<T, K> &src, int64_t, int64_t, StreamMaps 
     return tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, src.dec.absmax, sdims,
                       sstrides, sbox);
 }
+// The maps of a weight read by rows (NF4 / FP4, stored kbit): its packed bytes (row_bytes
+// a row, boxes of box_bytes by the CTA's rows) and its scales (row_scales elements of
+// scale_bytes each a row, boxes of 16 bytes).
+cudaError_t row_maps(StreamMaps &maps, const void *packed, int64_t row_bytes, int box_bytes,
+                     const void *scales, int scale_bytes, int64_t row_scales, int64_t n_out) {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(n_out)},
+                     strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_bytes), kSTiles * kTileRows};
+    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, packed, dims, strides, box);
+    if (err != cudaSuccess) return err;
+    const CUtensorMapDataType type = scale_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : scale_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_UINT32;
+    const cuuint64_t sdims[2] = {static_cast<cuuint64_t>(row_scales), static_cast<cuuint64_t>(n_out)},
+                     sstrides[1] = {static_cast<cuuint64_t>(row_scales * scale_bytes)};
+    const cuuint32_t sbox[2] = {static_cast<cuuint32_t>(16 / scale_bytes), kSTiles * kTileRows};
+    return tensor_map(&maps.scales, type, 2, scales, sdims, sstrides, sbox);
+}
 template <class T, class Fmt>
 cudaError_t source_maps(const Bnb4Src<T, Fmt> &src, int64_t k_in, int64_t n_out, StreamMaps &maps) {
-    using S = Bnb4Src<T, Fmt>;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in / 2), static_cast<cuuint64_t>(n_out)},
-                     strides[1] = {static_cast<cuuint64_t>(k_in / 2)};
-    const cuuint32_t box[2] = {S::kRowBytes, kSTiles * kTileRows};
-    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, src.dec.packed, dims,
-                                 strides, box);
-    if (err != cudaSuccess) return err;
-    const int64_t blocks = k_in >> src.log2_bs;
-    const cuuint64_t sdims[2] = {static_cast<cuuint64_t>(blocks), static_cast<cuuint64_t>(n_out)},
-                     sstrides[1] = {static_cast<cuuint64_t>(blocks * 4)};
-    const cuuint32_t sbox[2] = {4, kSTiles * kTileRows};
-    return tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, src.dec.absmax, sdims,
-                      sstrides, sbox);
+    return row_maps(maps, src.dec.packed, k_in / 2, Bnb4Src<T, Fmt>::kRowBytes, src.dec.absmax, 4,
+                    k_in >> src.log2_bs, n_out);
 }
-
 template <class T, int K>
 cudaError_t source_maps(const StoredKbitSrc<T, K> &src, int64_t k_in, int64_t n_out,
                         StreamMaps &maps) {
-    using S = StoredKbitSrc<T, K>;
     const int64_t chunks = k_in / kChunk;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(chunks * 4 * K), static_cast<cuuint64_t>(n_out)},
-                     strides[1] = {static_cast<cuuint64_t>(chunks * 4 * K)};
-    const cuuint32_t box[2] = {S::kRowBytes, kSTiles * kTileRows};
-    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, src.dec.packed, dims,
-                                 strides, box);
-    if (err != cudaSuccess) return err;
-    const int sb = src.dec.sb;
-    const CUtensorMapDataType type = sb == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                     : sb == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
-                                               : CU_TENSOR_MAP_DATA_TYPE_UINT32;
-    const cuuint64_t sdims[2] = {static_cast<cuuint64_t>(chunks), static_cast<cuuint64_t>(n_out)},
-                     sstrides[1] = {static_cast<cuuint64_t>(chunks * sb)};
-    const cuuint32_t sbox[2] = {static_cast<cuuint32_t>(16 / sb), kSTiles * kTileRows};
-    return tensor_map(&maps.scales, type, 2, src.dec.absmax, sdims, sstrides, sbox);
+    return row_maps(maps, src.dec.packed, chunks * 4 * K, StoredKbitSrc<T, K>::kRowBytes,
+                    src.dec.absmax, src.dec.sb, chunks, n_out);
 }
 
 template <class T, class Src>

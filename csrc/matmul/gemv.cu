@@ -474,11 +474,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
             auto one = [&](int v) {  // chunk v of the unit
                 uint32_t pa[4], pb[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    pa[i] = my_table[segment_field<K>(w, (2 * v) * 4 + i)];
-                    pb[i] = my_table[segment_field<K>(w, (2 * v + 1) * 4 + i)];
-                }
+                chunk_pairs<K>(w, v, my_table, pa, pb);
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
                 const uint4 xv = lds_u32x4_if(has_x, x_at + at + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc);
@@ -611,11 +607,7 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
         const int n = static_cast<int>(chunks - grp * 4 < 4 ? chunks - grp * 4 : 4);
         auto one = [&](int u) {
             uint32_t pa[4], pb[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                pa[i] = my_table[segment_field<K>(G.w, (2 * u) * 4 + i)];
-                pb[i] = my_table[segment_field<K>(G.w, (2 * u + 1) * 4 + i)];
-            }
+            chunk_pairs<K>(G.w, u, my_table, pa, pb);
             const float sa = chunk_scale(G, 0, u), sb = chunk_scale(G, 1, u);
 #pragma unroll
             for (int n = 0; n < NT; ++n) chunk_mma<T>(pa, pb, G.x[n][u], sa, sb, acc[n]);
@@ -854,18 +846,28 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
     return mma_ok(dtype, x) && aligned(packed, 4) && aligned(absmax, 4);
 }
 
-// The wgmma GEMM (gemm_sm90.cu) takes m >= kGemm90MinM on compute capability 9.0 where
-// the build carries it. It rounds block scale times codebook value to the type of x, so
-// fp16 x with kbit's fp32 block scales (which may lie beyond fp16's range) stays on the
-// mma.sync GEMM, whose scales stay float32; fp32_scales: the weight is kbit with fp32
-// block scales (NF4 / FP4's fp32 scales are bitsandbytes', rounded to fp16 as it does).
-// Weights its streamed kernel reads (sm90::streams) take it from min_m = stream90_min_m
-// (that kernel to kStream90MaxM).
-bool use_sm90(int64_t m, kbit_dtype dtype, bool fp32_scales, int64_t min_m = kGemm90MinM) {
+// The sm_90a kernels (gemm_sm90.cu) run on compute capability 9.0 where the build
+// carries them: the streamed GEMM from m = stream90_min_m for weights it reads
+// (sm90::streams; to kStream90MaxM), else the wgmma GEMM from m = kGemm90MinM. Both round
+// block scale times codebook value to the type of x, so fp16 x with kbit's fp32 block
+// scales (which may lie beyond fp16's range) stays on the mma.sync paths, whose scales
+// stay float32; fp32_scales: the weight is kbit with fp32 block scales (NF4 / FP4's fp32
+// scales are bitsandbytes', rounded to fp16 as it does). Runs the call there (err: its
+// launch status) and returns true, or returns false for the other paths.
+bool is_tiled(const sm90::KbitWeight &w) { return w.tiled; }
+bool is_tiled(const sm90::Bnb4Weight &) { return false; }
+template <class W>
+bool run_sm90(const W &w, bool fp32_scales, kbit_dtype dtype, const void *x, int64_t m,
+              int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
+              size_t workspace_bytes, cudaStream_t stream, cudaError_t &err) {
+    const int64_t min_m =
+        sm90::streams(w, k_in, n_out) ? stream90_min_m(n_out, k_in, is_tiled(w)) : kGemm90MinM;
     if (m < min_m || !sm90::built()) return false;
     if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
     int major = 0;
-    return compute_major(&major) == cudaSuccess && major == 9;
+    if (compute_major(&major) != cudaSuccess || major != 9) return false;
+    err = sm90::matmul(w, dtype, x, m, k_in, n_out, bias, y, workspace, workspace_bytes, stream);
+    return true;
 }
 
 kbit_status check_workspace(const void *workspace, size_t workspace_bytes) {
@@ -894,14 +896,9 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                     const int sb = static_cast<int>(absmax_align(fmt));
                     const sm90::KbitWeight w90{false, packed, absmax, blocks * Dec::kChunkBytes,
                                                blocks * sb, fmt, ts, codebook, k};
-                    const int64_t min_m =
-                        sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, false)
-                                                    : kGemm90MinM;
-                    if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, min_m)) {
-                        err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
-                                           workspace_bytes, stream);
+                    if (run_sm90(w90, fmt == KBIT_ABSMAX_FP32, dtype, x, m, k_in, n_out, bias, y,
+                                 workspace, workspace_bytes, stream, err))
                         return KBIT_SUCCESS;
-                    }
                     if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                         const Dec dec{{reinterpret_cast<const uint8_t *>(packed),
                                        static_cast<const uint8_t *>(absmax),
@@ -960,13 +957,9 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                            tiled::packed_bytes(n_out, k_in, k),
                                            tiled::absmax_bytes(n_out, k_in, fmt), fmt, ts,
                                            codebook, k};
-                const int64_t min_m =
-                    sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, true) : kGemm90MinM;
-                if (use_sm90(m, dtype, fmt == KBIT_ABSMAX_FP32, min_m)) {
-                    err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
-                                       workspace_bytes, stream);
+                if (run_sm90(w90, fmt == KBIT_ABSMAX_FP32, dtype, x, m, k_in, n_out, bias, y,
+                             workspace, workspace_bytes, stream, err))
                     return KBIT_SUCCESS;
-                }
                 if (m > 2 * kMaxM) {  // the GEMM; to m = 16 the GEMV (two n8 tiles)
                     using Dec = TiledScale<T, kc.value>;
                     const int sb = static_cast<int>(absmax_align(fmt));
@@ -1092,13 +1085,8 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
                 const sm90::Bnb4Weight w90{std::is_same_v<Fmt, bnb4::Fp4>, packed, absmax, n / 2,
                                            (n >> log2_bs) * 4, log2_bs};
-                const int64_t min_m =
-                    sm90::streams(w90, k_in, n_out) ? stream90_min_m(n_out, k_in, false)
-                                                    : kGemm90MinM;
-                if (use_sm90(m, dtype, false, min_m))
-                    err = sm90::matmul(w90, dtype, x, m, k_in, n_out, bias, y, workspace,
-                                       workspace_bytes, stream);
-                else
+                if (!run_sm90(w90, false, dtype, x, m, k_in, n_out, bias, y, workspace,
+                              workspace_bytes, stream, err))
                     err = m > 2 * kMaxM
                               ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
                                                        workspace, workspace_bytes, stream)
