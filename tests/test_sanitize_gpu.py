@@ -100,8 +100,9 @@ def _weights(rng):
 
 @pytest.mark.parametrize("m", [1, 7, 13, 20, 33, 100])
 def test_matmul_paths(rng, m):
-    """m = 1 and 7: the GEMV with one n8 tile, 13: two tiles, 33 and 100: the tensor-core
-    GEMM (on sm_90 the wgmma kernel with 64 and 128 rows of x a CTA)."""
+    """m = 1 and 7: the GEMV with one n8 tile, 13: two tiles; 20 and 33: the tensor-core
+    GEMM, on sm_90 the streamed one (32 and 64 rows of x a CTA; FP4 with 2 scales a row
+    the wgmma one); 100: the wgmma GEMM with 128 rows of x."""
     torch = _torch()
     w, weights = _weights(rng)
     a = torch.randn(m, 512, device="cuda", dtype=torch.float16)
