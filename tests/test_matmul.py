@@ -536,6 +536,36 @@ def test_gpu_gemm_wide_shapes(rng, family):
 
 
 @requires_gpu
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_gpu_gguf_streamed_gemv(rng, qtype):
+    """GGUF at m = 1..8 on sm_90 through the streamed GEMV, which reads the file's blocks
+    in stages of 2048 elements of k when they lie on 16 bytes and k_in % 256 == 0 (Q6_K:
+    % 2048): a partial last stage (2560), more row tiles than SMs (2200 rows: CTAs with
+    two tiles), n_out off the 16-row tile, every row of x of a pass; and the direct
+    kernel where the stream cannot read (blocks 2 bytes off 16, k_in off 256 / 2048);
+    against the reference and the host."""
+    import torch
+    big = 2048 if qtype == "Q6_K" else 2560
+    cases = ((131, big, (1, 3)), (2200, 2048, (8,)), (40, 4096, (2, 5, 7)),
+             (33, 1024 if qtype == "Q6_K" else 288 if qtype in ("Q4_0", "Q8_0") else 256, (4,)))
+    for i, (n_out, k_in, ms) in enumerate(cases):
+        w, w64 = gpu_case(rng, qtype, n_out, k_in)
+        for m in ms:
+            dtype = ("float16", "bfloat16")[(i + m) % 2]
+            check_gpu(rng, w, w64, m, dtype, m % 2 == 1, f"{qtype} {n_out}x{k_in} m={m}")
+    # the same bytes 2 bytes past a 16-byte boundary: the direct kernel
+    w, w64 = gpu_case(rng, qtype, 20, 2048)
+    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
+    assert padded.data_ptr() % 16 == 2
+    x = torch.from_numpy(random_x(rng, (3, 2048), "float16")).cuda()
+    y = kbit.matmul(x, types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type,
+                                             shape=w.shape))
+    y_ref = reference(x.cpu().numpy(), w64, None, "float16")
+    check_accuracy(y.cpu().numpy(), y_ref, "float16", f"{qtype} offset blocks",
+                   magnitude(x.cpu().numpy(), w64, "float16"))
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", KS)
 def test_gpu_kbit_stored_streamed_gemm(rng, k):
     """Stored kbit at m = 9..64, which on sm_90 the streamed wgmma GEMM reads as

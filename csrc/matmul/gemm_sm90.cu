@@ -28,9 +28,6 @@
 #include "decoders.cuh"
 
 #if KBIT_SM90A
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include "wgmma.cuh"
 #endif
 
@@ -529,24 +526,6 @@ struct StreamMaps {
     CUtensorMap w, scales, x;
 };
 
-// The box at coordinates c of `map` into shared memory at dst, completing on `bar`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,
-                                         int c2, uint32_t bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-        : "memory");
-}
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,
-                                         uint32_t bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
-        : "memory");
-}
-
 // A row's four kbit block scales (sb = 1, 2 or 4 bytes each, contiguous at `at`) as pairs
 // of T: E4M4 through its table (times 2^8), fp16 as it is, fp32 rounded.
 template <class T>
@@ -904,33 +883,6 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
 
     epilogue<T>(acc, blockIdx.x, n0, m0, m, n_out, out_mul, bias, y, split, splits, partials,
                 counters);
-}
-
-// The driver's tensor map encoder (through the runtime: no link to libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void *fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        const cudaError_t err = cudaGetDriverEntryPointByVersion(
-            "cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
-        return err == cudaSuccess && found == cudaDriverEntryPointSuccess
-                   ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
-                   : nullptr;
-    }();
-    return encode;
-}
-
-// A map of `rank` dimensions (dims[0] innermost, in elements; strides of the outer ones
-// in bytes) read in boxes of `box`, unswizzled.
-cudaError_t tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *base,
-                       const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode) return cudaErrorNotSupported;
-    const cuuint32_t steps[3] = {1, 1, 1};
-    const CUresult r = encode(map, type, rank, const_cast<void *>(base), dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // The maps of W and its scales.

@@ -504,6 +504,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #endif
 }
 
+#include "gguf_stream.cuh"
+
 // Tiled kbit (formats/kbit_tiled.h), from registers (m = 9..16, where it measured faster
 // than the streamed kernel above: bench/RESULTS.md; and GPUs before sm_90): a CTA of 8
 // warps per row tile, lane (g, t) loads its own 8K-byte segment of each (tile, group)
@@ -1101,6 +1103,34 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
+// GGUF at m <= 8 on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
+// weight and a ring of two stages fits; runs it (err: its launch status) and returns
+// true, or returns false for the direct kernel.
+template <class T, class Fmt>
+bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
+                        int64_t n_out, const void *bias, void *y, cudaStream_t stream,
+                        cudaError_t &err) {
+    using S = typename T::storage;
+    if (!gguf_stream::streams<Fmt>(blocks, k_in, n_out)) return false;
+    int major = 0;
+    if (compute_major(&major) != cudaSuccess || major < 9) return false;
+    const int stage = gguf_stream::Stage<Fmt>::bytes(static_cast<int>(m));
+    const int ring = stream_stages(0, stage);
+    if (ring < 2) return false;
+    CUtensorMap map;
+    if (gguf_stream::weight_map<Fmt>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
+    constexpr auto kernel = gemv_gguf_kernel<T, Fmt>;
+    err = allow_smem<kernel>(kStreamSmem);
+    int ctas = 0;
+    if (err == cudaSuccess) err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
+    if (err != cudaSuccess) return true;
+    kernel<<<ctas, kStreamThreads, ring * stage, stream>>>(
+        map, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
+        static_cast<S *>(y), ring);
+    err = launch_error();
+    return true;
+}
+
 kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbit_dtype dtype,
                        int ggml_type, const void *blocks, const void *bias, void *y,
                        void *workspace, size_t workspace_bytes, kbit_stream_t stream) {
@@ -1115,10 +1145,11 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
                     const FloatDirect<T, Fmt> dec{b};
-                    err = m >= kGemmMinM
-                              ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y, workspace,
-                                                       workspace_bytes, stream)
-                              : launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
+                    if (m >= kGemmMinM)
+                        err = gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y, workspace,
+                                                     workspace_bytes, stream);
+                    else if (!launch_gguf_stream<T, Fmt>(b, x, m, k_in, n_out, bias, y, stream, err))
+                        err = launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
                 }
                 return KBIT_SUCCESS;
             });

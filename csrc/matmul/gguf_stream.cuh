@@ -1,0 +1,522 @@
+// GGUF streamed GEMV (m <= 8, sm_90): included by gemv.cu after the tiled streamed
+// kernel, whose ring, consumer barrier and tile store it shares.
+//
+// The blocks are read exactly as a GGUF file stores them (row after row of W). A
+// persistent CTA per SM owns a run of 16-row tiles; a stage is 2048 elements of k of one
+// tile: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows, two for
+// Q8_0, whose stage rows exceed a box) and the same elements of every row of x (a bulk
+// copy a row), issued by one producer lane into a ring of shared-memory slots. (A bulk
+// copy a row of W, 17 copies a stage, left the producer the bound: bench/RESULTS.md.) Each of the 16 consumer warps takes a unit of 128 elements (four 32-element
+// chunks) of all 16 rows: lane (g, t) decodes elements 4t..4t+3 and 16+4t..16+4t+3 of
+// each chunk of rows g and g+8 into pairs of T and the warp multiplies them with two
+// mma.sync m16n8k16 a chunk (the pairs sit in the A fragment's k order up to a fixed
+// permutation, under which x's pairs are its natural words: no reordering of x).
+//
+// Integers to T: a code byte c (c < 128 for bf16) placed under the exponent byte of
+// `base` (1024 for fp16, 128 for bf16) is the exact value base + c, one byte permute a
+// pair; the offsets and the k-quants' 6/8-bit sub-block scales are folded in with one
+// packed add or fma, exact or rounded once to T. Each scale group's fp32 mma sums are
+// multiplied by its fp16 super-scale (d, and dmin for the k-quant mins, whose sums come
+// from a second mma with the min broadcast along k).
+//
+// Needs blocks on 16 bytes, rows whose stage pieces are whole 16-byte runs (k_in % 256
+// == 0; Q6_K: % 2048) and the map's 32-bit coordinates; streams() says so. Otherwise the
+// direct kernel.
+namespace gguf_stream {
+
+constexpr int kStageK = 2048;  // elements of k a stage
+constexpr int kUnitK = kStageK / kStreamWarps;  // 128: a consumer warp's unit
+static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
+
+// ---- packed T arithmetic on 32-bit words -------------------------------------------------
+
+template <class T>
+struct Pack;
+template <>
+struct Pack<F16> {
+    static constexpr uint32_t kMagic = 0x64646464u;  // byte 0x64: the exponent of 1024
+    static constexpr float kBase = 1024.0f;
+    static __device__ __forceinline__ __half2 h(uint32_t v) { return *reinterpret_cast<__half2 *>(&v); }
+    static __device__ __forceinline__ uint32_t u(__half2 v) { return *reinterpret_cast<uint32_t *>(&v); }
+};
+template <>
+struct Pack<BF16> {
+    static constexpr uint32_t kMagic = 0x43434343u;  // byte 0x43: the exponent of 128
+    static constexpr float kBase = 128.0f;
+    static __device__ __forceinline__ __nv_bfloat162 h(uint32_t v) {
+        return *reinterpret_cast<__nv_bfloat162 *>(&v);
+    }
+    static __device__ __forceinline__ uint32_t u(__nv_bfloat162 v) {
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+template <class T>
+__device__ __forceinline__ uint32_t hadd2(uint32_t a, uint32_t b) {
+    return Pack<T>::u(__hadd2(Pack<T>::h(a), Pack<T>::h(b)));
+}
+template <class T>
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+    return Pack<T>::u(__hmul2(Pack<T>::h(a), Pack<T>::h(b)));
+}
+template <class T>
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    return Pack<T>::u(__hfma2(Pack<T>::h(a), Pack<T>::h(b), Pack<T>::h(c)));
+}
+template <class T>
+__device__ __forceinline__ uint32_t splat(float v) { return pack2(T{}, v, v); }
+
+// The arguments below that pick bytes are constants once the callers' loops unroll, so
+// each is one byte permute with an immediate selector.
+// Bytes (0, 1) (half 0) or (2, 3) (half 1) of a word of codes as the pair (base + c0,
+// base + c1).
+template <class T>
+__device__ __forceinline__ uint32_t biased(uint32_t codes, int half) {
+    return __byte_perm(codes, Pack<T>::kMagic, half ? 0x4342u : 0x4140u);
+}
+// Byte j of a word as the pair (base + c, base + c).
+template <class T>
+__device__ __forceinline__ uint32_t biased_splat(uint32_t bytes, int j) {
+    return __byte_perm(bytes, Pack<T>::kMagic, 0x4040u | (j << 8) | j);
+}
+
+// 4 bytes of shared memory at an address that is 4-byte aligned, or only 2-byte
+// aligned (two halves).
+__device__ __forceinline__ uint32_t lds_word(bool aligned, uint32_t at) {
+    return aligned ? lds_u32(at) : __byte_perm(lds_u16(at), lds_u16(at + 2), 0x5410u);
+}
+
+// One k16 step's A fragment from the pairs (4t, 4t+1) and (4t+2, 4t+3) of rows g (a)
+// and g+8 (b).
+struct Frag {
+    uint32_t r[4];
+};
+__device__ __forceinline__ Frag frag(uint32_t a01, uint32_t a23, uint32_t b01, uint32_t b23) {
+    return {{a01, b01, a23, b23}};
+}
+
+// The lane's x of one chunk: elements 4t..4t+3 (step 0) and 16+4t..16+4t+3 (step 1) of
+// x row g, zero past the rows of x.
+struct ChunkX {
+    uint2 s0, s1;
+};
+__device__ __forceinline__ ChunkX chunk_x(bool has_x, uint32_t at) {
+    return {lds_u32x2_if(has_x, at), lds_u32x2_if(has_x, at + 32)};
+}
+
+template <class T>
+__device__ __forceinline__ void mma_chunk(float (&c)[4], const Frag &s0, const Frag &s1,
+                                          const ChunkX &x) {
+    mma_16816(T{}, c, s0.r, x.s0.x, x.s0.y);
+    mma_16816(T{}, c, s1.r, x.s1.x, x.s1.y);
+}
+
+// C fragment times per-row factors (row g: fa, row g+8: fb) into acc.
+__device__ __forceinline__ void scale_add(float (&acc)[4], const float (&c)[4], float fa, float fb) {
+    acc[0] = fmaf(fa, c[0], acc[0]);
+    acc[1] = fmaf(fa, c[1], acc[1]);
+    acc[2] = fmaf(fb, c[2], acc[2]);
+    acc[3] = fmaf(fb, c[3], acc[3]);
+}
+
+// The unit's arguments: shared addresses of its first byte in rows g and g+8, the
+// lane's x at the unit's first element (row g, element 4t), and which half of a 256-
+// element super-block the unit is (k-quants).
+struct UnitAt {
+    uint32_t wa, wb, x;
+    int t;
+    bool has_x;
+};
+
+// ---- formats -----------------------------------------------------------------------------
+//
+// unit<T, kHalf, kAligned>(u, acc): the unit's sums into the C fragment acc. kAligned:
+// the unit's blocks start on 4 bytes (only Q6_K's 210-byte blocks may not; the others'
+// alignment is fixed per chunk).
+
+struct Q4_0S {
+    using Fmt = gguf::Q4_0;
+    static constexpr int kStreamK = 256;  // 8 blocks: 144 bytes
+    template <class T, int kHalf, bool kAligned>
+    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+        const uint32_t off = splat<T>(-(Pack<T>::kBase + 8.0f));  // q - 8
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
+            // qs[4t..4t+3] at 2 + 4t: whole words in odd blocks (18-byte blocks, a unit on 8)
+            const uint32_t qa = lds_word(c % 2 == 1, a + 2 + 4 * u.t);
+            const uint32_t qb = lds_word(c % 2 == 1, b + 2 + 4 * u.t);
+            const float da = __half2float(__ushort_as_half(lds_u16(a)));
+            const float db = __half2float(__ushort_as_half(lds_u16(b)));
+            const ChunkX x = chunk_x(u.has_x, u.x + c * kChunk * 2);
+            const uint32_t la = qa & gguf::kLow4, lb = qb & gguf::kLow4;
+            const uint32_t ha = (qa >> 4) & gguf::kLow4, hb = (qb >> 4) & gguf::kLow4;
+            const Frag s0 = frag(hadd2<T>(biased<T>(la, 0), off), hadd2<T>(biased<T>(la, 1), off),
+                                 hadd2<T>(biased<T>(lb, 0), off), hadd2<T>(biased<T>(lb, 1), off));
+            const Frag s1 = frag(hadd2<T>(biased<T>(ha, 0), off), hadd2<T>(biased<T>(ha, 1), off),
+                                 hadd2<T>(biased<T>(hb, 0), off), hadd2<T>(biased<T>(hb, 1), off));
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_chunk<T>(c4, s0, s1, x);
+            scale_add(acc, c4, da, db);
+        }
+    }
+};
+
+// int8 codes: fp16 takes base + (q + 128) exactly; bf16 (8 significant bits) takes the
+// pair through float32.
+template <class T>
+__device__ __forceinline__ uint32_t int8_pair(uint32_t codes, int half) {
+    if constexpr (std::is_same_v<T, F16>) {
+        const uint32_t off = splat<T>(-(Pack<T>::kBase + 128.0f));
+        const uint32_t u = codes ^ 0x80808080u;
+        return hadd2<T>(biased<T>(u, half), off);
+    } else {
+        const int lo = static_cast<int8_t>(codes >> (16 * half));
+        const int hi = static_cast<int8_t>(codes >> (16 * half + 8));
+        return pack2(T{}, static_cast<float>(lo), static_cast<float>(hi));
+    }
+}
+
+struct Q8_0S {
+    using Fmt = gguf::Q8_0;
+    static constexpr int kStreamK = 256;  // 8 blocks: 272 bytes
+    template <class T, int kHalf, bool kAligned>
+    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
+            const bool word = c % 2 == 1;  // 34-byte blocks, a unit on 8
+            const uint32_t a0 = lds_word(word, a + 2 + 4 * u.t), a1 = lds_word(word, a + 18 + 4 * u.t);
+            const uint32_t b0 = lds_word(word, b + 2 + 4 * u.t), b1 = lds_word(word, b + 18 + 4 * u.t);
+            const float da = __half2float(__ushort_as_half(lds_u16(a)));
+            const float db = __half2float(__ushort_as_half(lds_u16(b)));
+            const ChunkX x = chunk_x(u.has_x, u.x + c * kChunk * 2);
+            const Frag s0 = frag(int8_pair<T>(a0, 0), int8_pair<T>(a0, 1), int8_pair<T>(b0, 0),
+                                 int8_pair<T>(b0, 1));
+            const Frag s1 = frag(int8_pair<T>(a1, 0), int8_pair<T>(a1, 1), int8_pair<T>(b1, 0),
+                                 int8_pair<T>(b1, 1));
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_chunk<T>(c4, s0, s1, x);
+            scale_add(acc, c4, da, db);
+        }
+    }
+};
+
+// Q4_K / Q5_K: the unit is sub-blocks 4 kHalf .. 4 kHalf + 3 of one block. Their 6-bit
+// scales and mins as bytes of two words (scale_min_k4, four at a time).
+__device__ __forceinline__ void k4_scales(const uint4 &h, int half, uint32_t &sc, uint32_t &mn) {
+    if (half == 0) {
+        sc = h.y & 0x3F3F3F3Fu;
+        mn = h.z & 0x3F3F3F3Fu;
+    } else {
+        sc = (h.w & gguf::kLow4) | ((h.y >> 2) & 0x30303030u);
+        mn = ((h.w >> 4) & gguf::kLow4) | ((h.z >> 2) & 0x30303030u);
+    }
+}
+
+template <bool kFifthBit>
+struct QK45S {
+    using Fmt = gguf::QK_45<kFifthBit>;
+    using Block = typename Fmt::Block;
+    static constexpr int kStreamK = 256;  // one block: 144 or 176 bytes
+    template <class T, int kHalf, bool kAligned>
+    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+        const uint4 ha = lds_u32x4(u.wa), hb = lds_u32x4(u.wb);  // d, dmin, scales[12]
+        uint32_t qha[2] = {}, qhb[2] = {};
+        if constexpr (kFifthBit) {
+            qha[0] = lds_u32(u.wa + offsetof(gguf::BlockQ5_K, qh) + 4 * u.t);
+            qha[1] = lds_u32(u.wa + offsetof(gguf::BlockQ5_K, qh) + 16 + 4 * u.t);
+            qhb[0] = lds_u32(u.wb + offsetof(gguf::BlockQ5_K, qh) + 4 * u.t);
+            qhb[1] = lds_u32(u.wb + offsetof(gguf::BlockQ5_K, qh) + 16 + 4 * u.t);
+        }
+        uint32_t sca, mna, scb, mnb;
+        k4_scales(ha, kHalf, sca, mna);
+        k4_scales(hb, kHalf, scb, mnb);
+        const uint32_t nbase = splat<T>(-Pack<T>::kBase);
+        float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {  // sub-blocks 4 kHalf + 2 jp (low nibbles), + 1 (high)
+            const uint32_t q = offsetof(Block, qs) + 32 * (2 * kHalf + jp) + 4 * u.t;
+            const uint32_t wa[2] = {lds_u32(u.wa + q), lds_u32(u.wa + q + 16)};
+            const uint32_t wb[2] = {lds_u32(u.wb + q), lds_u32(u.wb + q + 16)};
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int j = 2 * jp + hi, s = 4 * kHalf + j;  // sub-block
+                const ChunkX x = chunk_x(u.has_x, u.x + j * kChunk * 2);
+                uint32_t ca[2], cb[2];  // codes of steps 0, 1
+#pragma unroll
+                for (int st = 0; st < 2; ++st) {
+                    ca[st] = (hi ? wa[st] >> 4 : wa[st]) & gguf::kLow4;
+                    cb[st] = (hi ? wb[st] >> 4 : wb[st]) & gguf::kLow4;
+                    if constexpr (kFifthBit) {
+                        ca[st] |= (s <= 4 ? qha[st] << (4 - s) : qha[st] >> (s - 4)) & 0x10101010u;
+                        cb[st] |= (s <= 4 ? qhb[st] << (4 - s) : qhb[st] >> (s - 4)) & 0x10101010u;
+                    }
+                }
+                // (base + q) * sc - base * sc = q * sc, rounded once
+                const uint32_t sa = hadd2<T>(biased_splat<T>(sca, j), nbase);
+                const uint32_t sb = hadd2<T>(biased_splat<T>(scb, j), nbase);
+                const uint32_t oa = hmul2<T>(sa, nbase), ob = hmul2<T>(sb, nbase);
+                Frag st[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    st[i] = frag(hfma2<T>(biased<T>(ca[i], 0), sa, oa),
+                                 hfma2<T>(biased<T>(ca[i], 1), sa, oa),
+                                 hfma2<T>(biased<T>(cb[i], 0), sb, ob),
+                                 hfma2<T>(biased<T>(cb[i], 1), sb, ob));
+                mma_chunk<T>(c1, st[0], st[1], x);
+                // the mins, broadcast along k: sum of m x over the sub-block
+                const uint32_t ma = hadd2<T>(biased_splat<T>(mna, j), nbase);
+                const uint32_t mb = hadd2<T>(biased_splat<T>(mnb, j), nbase);
+                const Frag mf = frag(ma, ma, mb, mb);
+                mma_chunk<T>(c2, mf, mf, x);
+            }
+        }
+        const float da = __half2float(__ushort_as_half(static_cast<uint16_t>(ha.x)));
+        const float db = __half2float(__ushort_as_half(static_cast<uint16_t>(hb.x)));
+        const float ma = __half2float(__ushort_as_half(static_cast<uint16_t>(ha.x >> 16)));
+        const float mb = __half2float(__ushort_as_half(static_cast<uint16_t>(hb.x >> 16)));
+        scale_add(acc, c1, da, db);
+        scale_add(acc, c2, -ma, -mb);
+    }
+};
+
+// Q6_K: the unit is half kHalf (elements 128 kHalf ..) of one block: quadrants r = 0..3,
+// element l of quadrant r: 4 bits of ql[64 kHalf + 32 (r & 1) + l] (low nibble r < 2),
+// bits 2r of qh[32 kHalf + l], scale scales[8 kHalf + 2r + l / 16]: k16 step st of a
+// chunk is one scale. 210-byte blocks: a unit's block starts on 4 bytes or on 2.
+struct Q6_KS {
+    using Fmt = gguf::Q6_K;
+    static constexpr int kStreamK = 2048;  // 8 blocks: 1680 bytes
+    template <class T>
+    struct Row {
+        uint32_t ql[2][2], qh[2], sc[2];  // ql[r & 1][step], qh[step], scales 8 kHalf ..
+        float d;
+    };
+    template <class T, int kHalf, bool kAligned>
+    static __device__ __forceinline__ Row<T> row(uint32_t at, int t) {
+        Row<T> r;
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+#pragma unroll
+            for (int odd = 0; odd < 2; ++odd)
+                r.ql[odd][st] = lds_word(kAligned, at + 64 * kHalf + 32 * odd + 16 * st + 4 * t);
+            r.qh[st] = lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, qh) + 32 * kHalf + 16 * st + 4 * t);
+            r.sc[st] = lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, scales) + 8 * kHalf + 4 * st);
+        }
+        r.d = __half2float(__ushort_as_half(lds_u16(at + offsetof(gguf::BlockQ6_K, d))));
+        return r;
+    }
+    // Codes of quadrant q, step st (6 bits a byte).
+    template <class T>
+    static __device__ __forceinline__ uint32_t codes(const Row<T> &r, int q, int st) {
+        const uint32_t lo = (r.ql[q & 1][st] >> (4 * (q >> 1))) & gguf::kLow4;
+        const uint32_t h = r.qh[st];
+        const uint32_t hi = (q < 2 ? h << (4 - 2 * q) : h >> (2 * q - 4)) & 0x30303030u;
+        return lo | hi;
+    }
+    template <class T>
+    static __device__ __forceinline__ uint32_t scale(const Row<T> &r, int q, int st) {
+        const int b = 2 * q + st;  // byte of the half's 8 scales
+        return splat<T>(static_cast<float>(static_cast<int8_t>(r.sc[b >> 2] >> (8 * (b & 3)))));
+    }
+    template <class T, int kHalf, bool kAligned>
+    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+        const Row<T> ra = row<T, kHalf, kAligned>(u.wa, u.t), rb = row<T, kHalf, kAligned>(u.wb, u.t);
+        const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const ChunkX x = chunk_x(u.has_x, u.x + q * kChunk * 2);
+            Frag s[2];
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                const uint32_t ca = codes(ra, q, st), cb = codes(rb, q, st);
+                const uint32_t sa = scale(ra, q, st), sb = scale(rb, q, st);
+                s[st] = frag(hmul2<T>(hadd2<T>(biased<T>(ca, 0), off), sa),
+                             hmul2<T>(hadd2<T>(biased<T>(ca, 1), off), sa),
+                             hmul2<T>(hadd2<T>(biased<T>(cb, 0), off), sb),
+                             hmul2<T>(hadd2<T>(biased<T>(cb, 1), off), sb));
+            }
+            mma_chunk<T>(c, s[0], s[1], x);
+        }
+        scale_add(acc, c, ra.d, rb.d);
+    }
+};
+
+template <class Fmt>
+struct Stream;
+template <>
+struct Stream<gguf::Q4_0> : Q4_0S {};
+template <>
+struct Stream<gguf::Q8_0> : Q8_0S {};
+template <>
+struct Stream<gguf::Q4_K> : QK45S<false> {};
+template <>
+struct Stream<gguf::Q5_K> : QK45S<true> {};
+template <>
+struct Stream<gguf::Q6_K> : Q6_KS {};
+
+// One stage: [W: kPieces boxes of 16 rows x kPieceStride bytes][x: rows of kStageK
+// elements]. A box row is a piece of the stage's row bytes (all of them but for Q8_0,
+// whose 2176 exceed a box's 256 8-byte elements: two halves), read with up to 16 more
+// bytes of the row (or zeros past its end) so that it is an odd number of 16-byte units:
+// rows g = 0..7 fall in distinct banks.
+template <class Fmt>
+struct Stage {
+    static constexpr int kRowBytes = kStageK / Fmt::kElems * Fmt::kBytes;
+    static constexpr int kPieces = kRowBytes + 16 > 256 * 8 ? 2 : 1;
+    static constexpr int kPieceBytes = kRowBytes / kPieces;
+    static constexpr int kPieceStride = kPieceBytes + ((kPieceBytes / 16) % 2 == 0 ? 16 : 0);
+    static constexpr int kBox = kTileRows * kPieceStride;  // bytes of a box
+    static constexpr int kUnitsPerPiece = kStreamWarps / kPieces;
+    static constexpr int kX = kPieces * kBox;
+    static constexpr int kXRow = kStageK * 2 + 16;
+    static_assert(kPieceBytes % 16 == 0 && kPieceStride <= 256 * 8, "TMA boxes");
+    // on 128 bytes, as TMA boxes land
+    static __host__ __device__ constexpr int bytes(int x_rows) {
+        return (kX + x_rows * kXRow + 127) / 128 * 128;
+    }
+    // Bytes of a row's first n units: n is even (a multiple of 16 for Q6_K) wherever
+    // the kernel asks, so these are whole blocks and whole 16-byte runs.
+    static __host__ __device__ constexpr int unit_bytes(int n) {
+        return n * kUnitK * Fmt::kBytes / Fmt::kElems;
+    }
+};
+
+// Whether the streamed kernel reads this weight (see the top of the file).
+template <class Fmt>
+bool streams(const void *blocks, int64_t k_in, int64_t n_out) {
+    return aligned(blocks, 16) && k_in % Stream<Fmt>::kStreamK == 0 && n_out < (int64_t{1} << 31) &&
+           k_in / Fmt::kElems * Fmt::kBytes / 8 < (int64_t{1} << 31);
+}
+
+// The 2-d map over W (8-byte elements: a row's bytes by rows), boxes of one stage piece by
+// 16 rows.
+template <class Fmt>
+cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64_t n_out) {
+    const int64_t row_bytes = k_in / Fmt::kElems * Fmt::kBytes;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 8), static_cast<cuuint64_t>(n_out)},
+                     strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t box[2] = {Stage<Fmt>::kPieceStride / 8, kTileRows};
+    return tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, blocks, dims, strides, box);
+}
+
+}  // namespace gguf_stream
+
+template <class T, class Fmt>
+__global__ void __launch_bounds__(kStreamThreads, 1)
+gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::storage *__restrict__ x,
+                 int64_t m, int64_t k_in, int64_t n_out,
+                 const typename T::storage *__restrict__ bias,
+                 typename T::storage *__restrict__ y, int ring_stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
+#else
+    using namespace gguf_stream;
+    using St = Stage<Fmt>;
+    using S = Stream<Fmt>;
+    constexpr int kUnits = kStreamWarps;
+    extern __shared__ __align__(128) uint4 smem[];
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
+    const int stages_per_tile = (groups + kUnits - 1) / kUnits;
+    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
+    const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
+    const int64_t stages = (last - first) * stages_per_tile;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
+    const int x_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
+    const int stage_bytes = St::bytes(x_rows);
+    const uint32_t ring_at = smem_address(smem);
+    const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ring_stages; ++s) {
+            mbar_init(full_at + 8 * s, 1);
+            mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    // The producer (one lane): stage q is units [g0, g0 + n) of tile first + q /
+    // stages_per_tile, in slot q % ring_stages: W's boxes (zeros past the rows and their
+    // ends) and x.
+    if (warp == kStreamWarps) {
+        if (lane != 0) return;
+        const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
+        const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
+        int slot = 0, g0 = 0;
+        uint32_t phase = 0;
+        int64_t tile = first;
+        for (int64_t q = 0; q < stages; ++q) {
+            if (q >= ring_stages) mbar_wait(empty_at + 8 * slot, phase ^ 1u);
+            const int n = groups - g0 < kUnits ? groups - g0 : kUnits;
+            const int x_bytes = n * kUnitK * 2;
+            const uint32_t bar = full_at + 8 * slot, dst = ring_at + slot * stage_bytes;
+            mbar_expect(bar, St::kX + x_rows * x_bytes);
+#pragma unroll
+            for (int p = 0; p < St::kPieces; ++p)
+                tma_load(dst + p * St::kBox, wmap, (St::unit_bytes(g0) + p * St::kPieceBytes) / 8,
+                         static_cast<int>(tile * kTileRows), bar, w_policy);
+            for (int i = 0; i < x_rows; ++i)
+                bulk_copy(dst + St::kX + i * St::kXRow, xb + (i * k_in + g0 * kUnitK) * 2, x_bytes,
+                          bar, x_policy);
+            if (++slot == ring_stages) slot = 0, phase ^= 1u;
+            if ((g0 += kUnits) >= groups) g0 = 0, ++tile;
+        }
+        return;
+    }
+
+    // The consumers: warp w takes unit w of each stage.
+    UnitAt u;
+    u.t = t;
+    u.has_x = g < x_rows;
+    // Q4_0 / Q8_0: a unit is 4 blocks; k-quants: half a block (the half is warp & 1)
+    const int piece = warp / St::kUnitsPerPiece, in_piece = warp % St::kUnitsPerPiece;
+    const uint32_t w_lane = piece * St::kBox + g * St::kPieceStride +
+                            (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
+                                                   : (in_piece >> 1) * Fmt::kBytes);
+    const uint32_t x_lane = St::kX + g * St::kXRow + warp * kUnitK * 2 + 8 * t;
+    const bool odd_half = (warp & 1) != 0;
+    const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
+
+    float acc[4] = {};
+    int slot = 0, g0 = 0;
+    uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
+    int64_t tile = first;
+    for (int64_t q = 0; q < stages; ++q) {
+        const uint32_t at = ring_at + slot_at + mbar_wait(full_at + 8 * slot, phase);
+        if (g0 + warp < groups) {
+            u.wa = at + w_lane;
+            u.wb = u.wa + 8 * St::kPieceStride;
+            u.x = at + x_lane;
+            if constexpr (Fmt::kElems == kChunk) {
+                S::template unit<T, 0, true>(u, acc);
+            } else if constexpr (!std::is_same_v<Fmt, gguf::Q6_K>) {
+                if (odd_half) S::template unit<T, 1, true>(u, acc);
+                else S::template unit<T, 0, true>(u, acc);
+            } else if (odd_half) {
+                if (aligned4) S::template unit<T, 1, true>(u, acc);
+                else S::template unit<T, 1, false>(u, acc);
+            } else {
+                if (aligned4) S::template unit<T, 0, true>(u, acc);
+                else S::template unit<T, 0, false>(u, acc);
+            }
+        }
+        mbar_arrive(empty_at + 8 * slot);  // each lane releases its own reads of the slot
+        if (++slot == ring_stages) slot = 0, slot_at = 0, phase ^= 1u;
+        else slot_at += stage_bytes;
+        if ((g0 += kUnits) < groups) continue;
+
+        // The tile's last stage: its sums meet, y.
+        g0 = 0;
+        store_tile<T, kStreamWarps>(acc, tile * kTileRows, m0, m, n_out, bias, y, ConsumersSync{});
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+        consumers_sync();  // the partial sums are read before the next tile's
+        ++tile;
+    }
+#endif
+}
