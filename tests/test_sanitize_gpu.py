@@ -89,16 +89,17 @@ def test_gguf(rng, qtype):
     assert np.allclose(_cpu(y), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("m", [3, 13])
 @pytest.mark.parametrize("qtype", list(kg.GGML_TYPES))
-def test_gguf_streamed(rng, qtype):
-    """The streamed GGUF GEMV (sm_90, fp16 x, m <= 8): 20 rows (a partial tile), 2048
-    elements of k (one stage), m = 3."""
+def test_gguf_streamed(rng, qtype, m):
+    """The streamed GGUF GEMV (sm_90, fp16 x, m <= 16): 20 rows (a partial tile), 2048
+    elements of k (one stage), one n8 tile of x (m = 3) and two (13)."""
     from test_matmul import gguf_blocks  # scales that keep fp16 x and y in range
     raw = gguf_blocks(rng, qtype, 20, 2048)
     t = kg.GGUFTensor(_gpu(raw.reshape(-1)), kg.GGML_TYPES[qtype], (20, 2048))
     want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), kg.GGML_TYPES[qtype], (20, 2048)),
                          dtype="float32")
-    a = _torch().randn(3, 2048, device="cuda", dtype=_torch().float16)
+    a = _torch().randn(m, 2048, device="cuda", dtype=_torch().float16)
     y = kbit.matmul(a, t)
     ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())

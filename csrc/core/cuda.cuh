@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t pack2(BF16, float a, float b) {
 
 // Shared-memory loads at 32-bit shared addresses (__cvta_generic_to_shared). Plain asm,
 // so the compiler schedules them freely: data that a barrier guards must carry the
-// dependence in the address (see mbar_wait in csrc/matmul/gemv.cu). lds_u32x{2,4}_if read
+// dependence in the address (see mbar_wait in csrc/matmul/gemv.cu). lds_u32x4_if reads
 // only where `on`, else gives zeros.
 __device__ __forceinline__ uint16_t lds_u16(uint32_t at) {
     uint16_t v;
@@ -110,15 +110,6 @@ __device__ __forceinline__ uint4 lds_u32x4_if(bool on, uint32_t at) {
         "{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n"
         " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
         : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "r"(static_cast<uint32_t>(on)), "r"(at));
-    return v;
-}
-__device__ __forceinline__ uint2 lds_u32x2_if(bool on, uint32_t at) {
-    uint2 v = make_uint2(0, 0);
-    asm(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-        " @p ld.shared.v2.u32 {%0, %1}, [%3];\n}\n"
-        : "+r"(v.x), "+r"(v.y)
         : "r"(static_cast<uint32_t>(on)), "r"(at));
     return v;
 }

@@ -1103,10 +1103,10 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
-// GGUF at m <= 8 on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
+// GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
 // weight and a ring of two stages fits; runs it (err: its launch status) and returns
-// true, or returns false for the direct kernel.
-template <class T, class Fmt>
+// true, or returns false for the direct kernels.
+template <class T, class Fmt, int NT>
 bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
                         int64_t n_out, const void *bias, void *y, cudaStream_t stream,
                         cudaError_t &err) {
@@ -1114,12 +1114,13 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     if (!gguf_stream::streams<Fmt>(blocks, k_in, n_out)) return false;
     int major = 0;
     if (compute_major(&major) != cudaSuccess || major < 9) return false;
-    const int stage = gguf_stream::Stage<Fmt>::bytes(static_cast<int>(m));
+    const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
+    const int stage = gguf_stream::Stage<Fmt>::bytes(gguf_stream::slot_x_rows<NT>(rows));
     const int ring = stream_stages(0, stage);
     if (ring < 2) return false;
     CUtensorMap map;
     if (gguf_stream::weight_map<Fmt>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
-    constexpr auto kernel = gemv_gguf_kernel<T, Fmt>;
+    constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT>;
     err = allow_smem<kernel>(kStreamSmem);
     int ctas = 0;
     if (err == cudaSuccess) err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
@@ -1145,11 +1146,19 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
                     const FloatDirect<T, Fmt> dec{b};
-                    if (m >= kGemmMinM)
-                        err = gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y, workspace,
-                                                     workspace_bytes, stream);
-                    else if (!launch_gguf_stream<T, Fmt>(b, x, m, k_in, n_out, bias, y, stream, err))
-                        err = launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
+                    // the streamed GEMV to m = 16 (two n8 tiles on one decode), else the
+                    // direct kernels: the GEMV to m = 8, the GEMM from m = 9
+                    const bool streamed =
+                        m <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(b, x, m, k_in, n_out, bias, y,
+                                                                   stream, err)
+                        : m <= 2 * kMaxM ? launch_gguf_stream<T, Fmt, 2>(b, x, m, k_in, n_out,
+                                                                         bias, y, stream, err)
+                                         : false;
+                    if (!streamed)
+                        err = m >= kGemmMinM
+                                  ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y,
+                                                           workspace, workspace_bytes, stream)
+                                  : launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
                 }
                 return KBIT_SUCCESS;
             });

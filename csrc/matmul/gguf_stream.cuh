@@ -26,6 +26,7 @@ namespace gguf_stream {
 
 constexpr int kStageK = 2048;  // elements of k a stage
 constexpr int kUnitK = kStageK / kStreamWarps;  // 128: a consumer warp's unit
+constexpr int kXStride = kStageK * 2 + 16;         // a stage's row of x, padded
 static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
 
 // ---- packed T arithmetic on 32-bit words -------------------------------------------------
@@ -95,49 +96,69 @@ __device__ __forceinline__ Frag frag(uint32_t a01, uint32_t a23, uint32_t b01, u
 }
 
 // The lane's x of one chunk: elements 4t..4t+3 (step 0) and 16+4t..16+4t+3 (step 1) of
-// x row g, zero past the rows of x.
+// its row of x.
 struct ChunkX {
     uint2 s0, s1;
 };
-__device__ __forceinline__ ChunkX chunk_x(bool has_x, uint32_t at) {
-    return {lds_u32x2_if(has_x, at), lds_u32x2_if(has_x, at + 32)};
+__device__ __forceinline__ ChunkX chunk_x(uint32_t at) { return {lds_u32x2(at), lds_u32x2(at + 32)}; }
+
+// C fragments of NT n8 tiles of x (rows g + 8 nt).
+template <int NT>
+struct Sums {
+    float v[NT][4] = {};
+};
+
+// v, opaque to the compiler: a lane's fixed offsets stay in registers instead of being
+// recomputed from the thread index in every stage (25 instructions a unit in SASS).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    asm volatile("mov.b32 %0, %0;" : "+r"(v));
+    return v;
 }
 
-template <class T>
-__device__ __forceinline__ void mma_chunk(float (&c)[4], const Frag &s0, const Frag &s1,
-                                          const ChunkX &x) {
-    mma_16816(T{}, c, s0.r, x.s0.x, x.s0.y);
-    mma_16816(T{}, c, s1.r, x.s1.x, x.s1.y);
+// The chunk's two k16 steps (A fragments s0, s1) times each n8 tile of x, whose lane's
+// elements of the chunk start at x_at (tile 0).
+template <class T, int NT>
+__device__ __forceinline__ void mma_chunk(Sums<NT> &c, const Frag &s0, const Frag &s1,
+                                          uint32_t x_at) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const ChunkX x = chunk_x(x_at + nt * 8 * kXStride);
+        mma_16816(T{}, c.v[nt], s0.r, x.s0.x, x.s0.y);
+        mma_16816(T{}, c.v[nt], s1.r, x.s1.x, x.s1.y);
+    }
 }
 
-// C fragment times per-row factors (row g: fa, row g+8: fb) into acc.
-__device__ __forceinline__ void scale_add(float (&acc)[4], const float (&c)[4], float fa, float fb) {
-    acc[0] = fmaf(fa, c[0], acc[0]);
-    acc[1] = fmaf(fa, c[1], acc[1]);
-    acc[2] = fmaf(fb, c[2], acc[2]);
-    acc[3] = fmaf(fb, c[3], acc[3]);
+// C fragments times per-row factors (row g: fa, row g+8: fb) into acc.
+template <int NT>
+__device__ __forceinline__ void scale_add(Sums<NT> &acc, const Sums<NT> &c, float fa, float fb) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        acc.v[nt][0] = fmaf(fa, c.v[nt][0], acc.v[nt][0]);
+        acc.v[nt][1] = fmaf(fa, c.v[nt][1], acc.v[nt][1]);
+        acc.v[nt][2] = fmaf(fb, c.v[nt][2], acc.v[nt][2]);
+        acc.v[nt][3] = fmaf(fb, c.v[nt][3], acc.v[nt][3]);
+    }
 }
 
-// The unit's arguments: shared addresses of its first byte in rows g and g+8, the
-// lane's x at the unit's first element (row g, element 4t), and which half of a 256-
-// element super-block the unit is (k-quants).
+// The unit's arguments: shared addresses of its first byte in rows g and g+8, and the
+// lane's x at the unit's first element (element 4t of row g of x; of the last row where
+// x has fewer rows: their sums are never stored; tile nt's rows 8 nt rows further).
 struct UnitAt {
     uint32_t wa, wb, x;
     int t;
-    bool has_x;
 };
 
 // ---- formats -----------------------------------------------------------------------------
 //
-// unit<T, kHalf, kAligned>(u, acc): the unit's sums into the C fragment acc. kAligned:
+// unit<T, kHalf, kAligned>(u, acc): the unit's sums into the C fragments acc. kAligned:
 // the unit's blocks start on 4 bytes (only Q6_K's 210-byte blocks may not; the others'
 // alignment is fixed per chunk).
 
 struct Q4_0S {
     using Fmt = gguf::Q4_0;
     static constexpr int kStreamK = 256;  // 8 blocks: 144 bytes
-    template <class T, int kHalf, bool kAligned>
-    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+    template <class T, int kHalf, bool kAligned, int NT>
+    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const uint32_t off = splat<T>(-(Pack<T>::kBase + 8.0f));  // q - 8
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -147,15 +168,14 @@ struct Q4_0S {
             const uint32_t qb = lds_word(c % 2 == 1, b + 2 + 4 * u.t);
             const float da = __half2float(__ushort_as_half(lds_u16(a)));
             const float db = __half2float(__ushort_as_half(lds_u16(b)));
-            const ChunkX x = chunk_x(u.has_x, u.x + c * kChunk * 2);
             const uint32_t la = qa & gguf::kLow4, lb = qb & gguf::kLow4;
             const uint32_t ha = (qa >> 4) & gguf::kLow4, hb = (qb >> 4) & gguf::kLow4;
             const Frag s0 = frag(hadd2<T>(biased<T>(la, 0), off), hadd2<T>(biased<T>(la, 1), off),
                                  hadd2<T>(biased<T>(lb, 0), off), hadd2<T>(biased<T>(lb, 1), off));
             const Frag s1 = frag(hadd2<T>(biased<T>(ha, 0), off), hadd2<T>(biased<T>(ha, 1), off),
                                  hadd2<T>(biased<T>(hb, 0), off), hadd2<T>(biased<T>(hb, 1), off));
-            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_chunk<T>(c4, s0, s1, x);
+            Sums<NT> c4;
+            mma_chunk<T>(c4, s0, s1, u.x + c * kChunk * 2);
             scale_add(acc, c4, da, db);
         }
     }
@@ -179,8 +199,8 @@ __device__ __forceinline__ uint32_t int8_pair(uint32_t codes, int half) {
 struct Q8_0S {
     using Fmt = gguf::Q8_0;
     static constexpr int kStreamK = 256;  // 8 blocks: 272 bytes
-    template <class T, int kHalf, bool kAligned>
-    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+    template <class T, int kHalf, bool kAligned, int NT>
+    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
@@ -189,13 +209,12 @@ struct Q8_0S {
             const uint32_t b0 = lds_word(word, b + 2 + 4 * u.t), b1 = lds_word(word, b + 18 + 4 * u.t);
             const float da = __half2float(__ushort_as_half(lds_u16(a)));
             const float db = __half2float(__ushort_as_half(lds_u16(b)));
-            const ChunkX x = chunk_x(u.has_x, u.x + c * kChunk * 2);
             const Frag s0 = frag(int8_pair<T>(a0, 0), int8_pair<T>(a0, 1), int8_pair<T>(b0, 0),
                                  int8_pair<T>(b0, 1));
             const Frag s1 = frag(int8_pair<T>(a1, 0), int8_pair<T>(a1, 1), int8_pair<T>(b1, 0),
                                  int8_pair<T>(b1, 1));
-            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_chunk<T>(c4, s0, s1, x);
+            Sums<NT> c4;
+            mma_chunk<T>(c4, s0, s1, u.x + c * kChunk * 2);
             scale_add(acc, c4, da, db);
         }
     }
@@ -218,8 +237,8 @@ struct QK45S {
     using Fmt = gguf::QK_45<kFifthBit>;
     using Block = typename Fmt::Block;
     static constexpr int kStreamK = 256;  // one block: 144 or 176 bytes
-    template <class T, int kHalf, bool kAligned>
-    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+    template <class T, int kHalf, bool kAligned, int NT>
+    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const uint4 ha = lds_u32x4(u.wa), hb = lds_u32x4(u.wb);  // d, dmin, scales[12]
         uint32_t qha[2] = {}, qhb[2] = {};
         if constexpr (kFifthBit) {
@@ -232,7 +251,7 @@ struct QK45S {
         k4_scales(ha, kHalf, sca, mna);
         k4_scales(hb, kHalf, scb, mnb);
         const uint32_t nbase = splat<T>(-Pack<T>::kBase);
-        float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        Sums<NT> c1, c2;
 #pragma unroll
         for (int jp = 0; jp < 2; ++jp) {  // sub-blocks 4 kHalf + 2 jp (low nibbles), + 1 (high)
             const uint32_t q = offsetof(Block, qs) + 32 * (2 * kHalf + jp) + 4 * u.t;
@@ -241,7 +260,6 @@ struct QK45S {
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 const int j = 2 * jp + hi, s = 4 * kHalf + j;  // sub-block
-                const ChunkX x = chunk_x(u.has_x, u.x + j * kChunk * 2);
                 uint32_t ca[2], cb[2];  // codes of steps 0, 1
 #pragma unroll
                 for (int st = 0; st < 2; ++st) {
@@ -263,12 +281,12 @@ struct QK45S {
                                  hfma2<T>(biased<T>(ca[i], 1), sa, oa),
                                  hfma2<T>(biased<T>(cb[i], 0), sb, ob),
                                  hfma2<T>(biased<T>(cb[i], 1), sb, ob));
-                mma_chunk<T>(c1, st[0], st[1], x);
+                mma_chunk<T>(c1, st[0], st[1], u.x + j * kChunk * 2);
                 // the mins, broadcast along k: sum of m x over the sub-block
                 const uint32_t ma = hadd2<T>(biased_splat<T>(mna, j), nbase);
                 const uint32_t mb = hadd2<T>(biased_splat<T>(mnb, j), nbase);
                 const Frag mf = frag(ma, ma, mb, mb);
-                mma_chunk<T>(c2, mf, mf, x);
+                mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2);
             }
         }
         const float da = __half2float(__ushort_as_half(static_cast<uint16_t>(ha.x)));
@@ -319,14 +337,13 @@ struct Q6_KS {
         const int b = 2 * q + st;  // byte of the half's 8 scales
         return splat<T>(static_cast<float>(static_cast<int8_t>(r.sc[b >> 2] >> (8 * (b & 3)))));
     }
-    template <class T, int kHalf, bool kAligned>
-    static __device__ __forceinline__ void unit(const UnitAt &u, float (&acc)[4]) {
+    template <class T, int kHalf, bool kAligned, int NT>
+    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const Row<T> ra = row<T, kHalf, kAligned>(u.wa, u.t), rb = row<T, kHalf, kAligned>(u.wb, u.t);
         const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        Sums<NT> c;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const ChunkX x = chunk_x(u.has_x, u.x + q * kChunk * 2);
             Frag s[2];
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
@@ -337,7 +354,7 @@ struct Q6_KS {
                              hmul2<T>(hadd2<T>(biased<T>(cb, 0), off), sb),
                              hmul2<T>(hadd2<T>(biased<T>(cb, 1), off), sb));
             }
-            mma_chunk<T>(c, s[0], s[1], x);
+            mma_chunk<T>(c, s[0], s[1], u.x + q * kChunk * 2);
         }
         scale_add(acc, c, ra.d, rb.d);
     }
@@ -370,11 +387,10 @@ struct Stage {
     static constexpr int kBox = kTileRows * kPieceStride;  // bytes of a box
     static constexpr int kUnitsPerPiece = kStreamWarps / kPieces;
     static constexpr int kX = kPieces * kBox;
-    static constexpr int kXRow = kStageK * 2 + 16;
     static_assert(kPieceBytes % 16 == 0 && kPieceStride <= 256 * 8, "TMA boxes");
     // on 128 bytes, as TMA boxes land
     static __host__ __device__ constexpr int bytes(int x_rows) {
-        return (kX + x_rows * kXRow + 127) / 128 * 128;
+        return (kX + x_rows * kXStride + 127) / 128 * 128;
     }
     // Bytes of a row's first n units: n is even (a multiple of 16 for Q6_K) wherever
     // the kernel asks, so these are whole blocks and whole 16-byte runs.
@@ -382,6 +398,12 @@ struct Stage {
         return n * kUnitK * Fmt::kBytes / Fmt::kElems;
     }
 };
+
+// Rows of x a slot holds: x's rows of the pass for one n8 tile (the lanes past them read
+// the last row), all 16 for two (rows g + 8 past m read stale bytes; their sums are never
+// stored).
+template <int NT>
+__host__ __device__ constexpr int slot_x_rows(int x_rows) { return NT == 1 ? x_rows : 8 * NT; }
 
 // Whether the streamed kernel reads this weight (see the top of the file).
 template <class Fmt>
@@ -403,7 +425,8 @@ cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64
 
 }  // namespace gguf_stream
 
-template <class T, class Fmt>
+// NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2).
+template <class T, class Fmt, int NT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::storage *__restrict__ x,
                  int64_t m, int64_t k_in, int64_t n_out,
@@ -426,9 +449,9 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
     const int64_t stages = (last - first) * stages_per_tile;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
-    const int x_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
-    const int stage_bytes = St::bytes(x_rows);
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM * NT;
+    const int x_rows = static_cast<int>(m - m0 < kMaxM * NT ? m - m0 : kMaxM * NT);
+    const int stage_bytes = St::bytes(slot_x_rows<NT>(x_rows));
     const uint32_t ring_at = smem_address(smem);
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
 
@@ -462,7 +485,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
                 tma_load(dst + p * St::kBox, wmap, (St::unit_bytes(g0) + p * St::kPieceBytes) / 8,
                          static_cast<int>(tile * kTileRows), bar, w_policy);
             for (int i = 0; i < x_rows; ++i)
-                bulk_copy(dst + St::kX + i * St::kXRow, xb + (i * k_in + g0 * kUnitK) * 2, x_bytes,
+                bulk_copy(dst + St::kX + i * kXStride, xb + (i * k_in + g0 * kUnitK) * 2, x_bytes,
                           bar, x_policy);
             if (++slot == ring_stages) slot = 0, phase ^= 1u;
             if ((g0 += kUnits) >= groups) g0 = 0, ++tile;
@@ -473,37 +496,37 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     // The consumers: warp w takes unit w of each stage.
     UnitAt u;
     u.t = t;
-    u.has_x = g < x_rows;
     // Q4_0 / Q8_0: a unit is 4 blocks; k-quants: half a block (the half is warp & 1)
     const int piece = warp / St::kUnitsPerPiece, in_piece = warp % St::kUnitsPerPiece;
-    const uint32_t w_lane = piece * St::kBox + g * St::kPieceStride +
-                            (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
-                                                   : (in_piece >> 1) * Fmt::kBytes);
-    const uint32_t x_lane = St::kX + g * St::kXRow + warp * kUnitK * 2 + 8 * t;
+    const uint32_t w_lane = opaque(ring_at + piece * St::kBox + g * St::kPieceStride +
+                                   (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
+                                                          : (in_piece >> 1) * Fmt::kBytes));
+    const uint32_t x_lane = opaque(ring_at + St::kX + min(g, x_rows - 1) * kXStride +
+                                   warp * kUnitK * 2 + 8 * t);
     const bool odd_half = (warp & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
-    float acc[4] = {};
+    Sums<NT> acc;
     int slot = 0, g0 = 0;
     uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
     int64_t tile = first;
     for (int64_t q = 0; q < stages; ++q) {
-        const uint32_t at = ring_at + slot_at + mbar_wait(full_at + 8 * slot, phase);
+        const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);
         if (g0 + warp < groups) {
             u.wa = at + w_lane;
             u.wb = u.wa + 8 * St::kPieceStride;
             u.x = at + x_lane;
             if constexpr (Fmt::kElems == kChunk) {
-                S::template unit<T, 0, true>(u, acc);
+                S::template unit<T, 0, true, NT>(u, acc);
             } else if constexpr (!std::is_same_v<Fmt, gguf::Q6_K>) {
-                if (odd_half) S::template unit<T, 1, true>(u, acc);
-                else S::template unit<T, 0, true>(u, acc);
+                if (odd_half) S::template unit<T, 1, true, NT>(u, acc);
+                else S::template unit<T, 0, true, NT>(u, acc);
             } else if (odd_half) {
-                if (aligned4) S::template unit<T, 1, true>(u, acc);
-                else S::template unit<T, 1, false>(u, acc);
+                if (aligned4) S::template unit<T, 1, true, NT>(u, acc);
+                else S::template unit<T, 1, false, NT>(u, acc);
             } else {
-                if (aligned4) S::template unit<T, 0, true>(u, acc);
-                else S::template unit<T, 0, false>(u, acc);
+                if (aligned4) S::template unit<T, 0, true, NT>(u, acc);
+                else S::template unit<T, 0, false, NT>(u, acc);
             }
         }
         mbar_arrive(empty_at + 8 * slot);  // each lane releases its own reads of the slot
@@ -513,8 +536,13 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
 
         // The tile's last stage: its sums meet, y.
         g0 = 0;
-        store_tile<T, kStreamWarps>(acc, tile * kTileRows, m0, m, n_out, bias, y, ConsumersSync{});
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            if (nt > 0) consumers_sync();  // store_tile's shared partial sums are reused
+            store_tile<T, kStreamWarps>(acc.v[nt], tile * kTileRows, m0 + 8 * nt, m, n_out, bias,
+                                        y, ConsumersSync{});
+        }
+        acc = Sums<NT>{};
         consumers_sync();  // the partial sums are read before the next tile's
         ++tile;
     }
