@@ -1,6 +1,6 @@
 // Fused dequantize + matmul on the GPU (SPEC section 6): y = x · Wᵀ (+ bias) with W read
-// as stored, for up to 8 rows of x a pass, or 16 (two n8 tiles on one decode) for kbit and
-// NF4 / FP4 at m = 9..16; larger m (GGUF: from kGemmMinM = 9) go to the GEMM of gemm.cuh.
+// as stored, for up to 8 rows of x a pass, or 16 (two n8 tiles on one decode) at m = 9..16
+// (kbit, NF4 / FP4, streamed GGUF); larger m go to the GEMMs of gemm.cuh and gemm_sm90.cu.
 //
 // Tensor-core paths (fp16 / bf16 x). A CTA of 8 warps owns 16 rows of W and up to 8 rows
 // of x; its warps split k_in in chunks of 32 elements (one kbit block; NF4/FP4 scales
@@ -26,8 +26,11 @@
 //   run of row tiles as one contiguous range through a ring of shared-memory stages that
 //   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
 //   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
-// - Direct (GGUF): each lane decodes its 8 elements with the format's own group decoder
-//   (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
+// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16): the tiled streamed kernel's ring over
+//   the file's blocks (a TMA box of 16 rows a stage), integer codes turned into exact
+//   fp16/bf16 pairs by byte permutes, scales on the fp32 sums.
+// - Direct (GGUF otherwise): each lane decodes its 8 elements with the format's own group
+//   decoder (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
 // Generic path (fp32 x, misaligned operands): one warp per row of W, lanes over 8-element
 // groups decoded by the format's decoder, float32 FMAs for every row of x: the GPU twin
