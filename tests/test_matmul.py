@@ -542,11 +542,14 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
     two from 9), which reads the file's blocks in stages of 2048 elements of k when they
     lie on 16 bytes and k_in % 256 == 0 (Q6_K: % 2048): a partial last stage (2560), more
     row tiles than SMs (2200 rows: CTAs with two tiles), n_out off the 16-row tile, every
-    row of x of a pass; and the direct kernels where the stream cannot read (blocks 2
-    bytes off 16, k_in off 256 / 2048); against the reference and the host."""
+    row of x of a pass, x held in shared memory for the whole kernel (8500 rows: four
+    row tiles or more a CTA) or copied with each stage; and the direct kernels where the
+    stream cannot read (blocks 2 bytes off 16, k_in off 256 / 2048); against the
+    reference and the host."""
     import torch
     big = 2048 if qtype == "Q6_K" else 2560
     cases = ((131, big, (1, 3, 12)), (2200, 2048, (8, 16)), (40, 4096, (2, 5, 7, 9)),
+             (8500, 2048, (1, 4)),
              (33, 1024 if qtype == "Q6_K" else 288 if qtype in ("Q4_0", "Q8_0") else 256, (4, 10)))
     for i, (n_out, k_in, ms) in enumerate(cases):
         w, w64 = gpu_case(rng, qtype, n_out, k_in)

@@ -105,6 +105,28 @@ def test_gguf_streamed(rng, qtype, m):
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])
+def test_streamed_x_paths(rng, n_out, k_in, m):
+    """The streamed GEMVs (tiled kbit, GGUF) with x copied with each stage (7 rows of 6144
+    elements exceed what they hold for the whole kernel) and with x held in shared memory
+    for the whole kernel (8500 rows: four row tiles or more a CTA)."""
+    torch = _torch()
+    w = torch.randn(n_out, k_in, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=4))
+    from test_matmul import gguf_blocks
+    raw = gguf_blocks(rng, "Q4_K", n_out, k_in)
+    shape, q4k = (n_out, k_in), kg.GGML_TYPES["Q4_K"]
+    g = kg.GGUFTensor(_gpu(raw.reshape(-1)), q4k, shape)
+    a = torch.randn(m, k_in, device="cuda", dtype=torch.float16)
+    for wq, host_w in ((t, kbit.dequantize(kbit.untile(t), dtype="float32")),
+                       (g, kg.dequantize(kg.GGUFTensor(raw.reshape(-1), q4k, shape),
+                                         dtype="float32"))):
+        y = kbit.matmul(a, wq)
+        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                           atol=2e-2 * np.abs(ref).max())
+
+
 def _weights(rng):
     torch = _torch()
     w = torch.randn(40, 512, device="cuda", dtype=torch.float16)

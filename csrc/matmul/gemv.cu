@@ -349,6 +349,52 @@ struct ConsumersSync {
     __device__ __forceinline__ void operator()() const { consumers_sync(); }
 };
 
+// x held in shared memory for the whole kernel, rather than copied again with every
+// stage (every row tile of a CTA reads the same x), where its rows fit kResidentX bytes
+// and a CTA has kResidentTiles row tiles or more to reuse them: the stages then carry W
+// alone. Measured (bench/RESULTS.md, session 10): the tiled GEMV at m = 1 3-10% faster;
+// with two tiles a CTA (4096x4096), up to 10% slower at m = 4..8 (x must arrive before
+// the first stage is read). Rows at `stride` bytes (k_in * 2 + 16: rows g in distinct
+// banks) from the start of dynamic shared memory, the ring after them.
+constexpr int kResidentX = 72 * 1024;
+constexpr int kResidentTiles = 4;
+inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas) {
+    const int64_t stride = k_in * 2 + 16;
+    const bool reused = blocks_of(n_out, kTileRows) >= static_cast<int64_t>(kResidentTiles) * ctas;
+    return reused && x_rows * stride <= kResidentX ? static_cast<int>(stride) : 0;
+}
+__host__ __device__ inline int resident_x_bytes(int x_rows, int stride) {
+    return (x_rows * stride + 127) / 128 * 128;
+}
+struct ResidentX {
+    int stride, rows;  // stride 0: x comes with the stages
+    uint32_t base;     // shared address of row 0
+    __device__ __forceinline__ bool on() const { return stride != 0; }
+    __device__ __forceinline__ uint32_t row_at(int r) const { return base + r * stride; }
+    __device__ __forceinline__ uint32_t ring_at() const {
+        return base + (on() ? resident_x_bytes(rows, stride) : 0);
+    }
+    // The producer lane: every row of x (xb, k_in elements each), once, on `bar`.
+    __device__ __forceinline__ void load(uint32_t bar, const uint8_t *xb, int64_t k_in,
+                                         uint64_t policy) const {
+        if (!on()) return;
+        mbar_expect(bar, static_cast<uint32_t>(rows * k_in * 2));
+        for (int i = 0; i < rows; ++i)
+            bulk_copy(row_at(i), xb + i * k_in * 2, static_cast<uint32_t>(k_in * 2), bar, policy);
+    }
+};
+
+// The ring's barriers (one thread): a full and an empty one a slot, and x's.
+__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages,
+                                          uint32_t x_full_at) {
+    for (int s = 0; s < stages; ++s) {
+        mbar_init(full_at + 8 * s, 1);
+        mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
+    }
+    mbar_init(x_full_at, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 // Up to 8 rows of x (one n8 tile).
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
@@ -356,7 +402,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                   float ts, const float *__restrict__ codebook,
                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
                   int64_t n_out, const typename T::storage *__restrict__ bias,
-                  typename T::storage *__restrict__ y, int ring_stages) {
+                  typename T::storage *__restrict__ y, int ring_stages, int x_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
@@ -367,7 +413,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
     __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
-    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -381,17 +427,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int64_t stages = (last - first) * stages_per_tile;
     const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
     const int x_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
-    const int stage_bytes = St::bytes(x_rows);
-    const uint32_t ring_at = smem_address(smem) + table_bytes<Dec>();
+    const ResidentX rx{x_stride, x_rows, smem_address(smem) + table_bytes<Dec>()};
+    const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
+    const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ring_stages; ++s) {
-            mbar_init(full_at + 8 * s, 1);
-            mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    const uint32_t x_full_at = smem_address(&x_full);
+    if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
     __syncthreads();
 
     // The producer (one lane): stage q is groups [g0, g0 + n) of tile first + q /
@@ -408,13 +449,13 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         for (; issued < until; ++issued) {
             if (issued >= ring_stages) mbar_wait(empty_at + 8 * p_slot, p_phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
-            const int x_elems = min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
+            const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
             const uint32_t bar = full_at + 8 * p_slot, dst = ring_at + p_slot * stage_bytes;
             mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
             bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
             bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
                       w_policy);
-            for (int i = 0; i < x_rows; ++i)
+            for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * St::kXRow, xb + (i * k_in + p_g0 * 128) * 2,
                           x_elems * 2, bar, x_policy);
             p_unit += n;
@@ -422,7 +463,10 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             if ((p_g0 += kUnits) >= groups) p_g0 = 0;
         }
     };
-    if (producer && lane == 0) produce(stages < ring_stages ? stages : ring_stages);
+    if (producer && lane == 0) {
+        rx.load(x_full_at, xb, k_in, x_policy);
+        produce(stages < ring_stages ? stages : ring_stages);
+    }
 
     const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
     if constexpr (FMT == KBIT_ABSMAX_E4M4)
@@ -437,8 +481,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const auto my_table = lane_table<copies>(table);
     const uint32_t seg_at = ring_at + warp * St::kUnitW + lane * 8 * K;
     const uint32_t sc_at = ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB;
-    const uint32_t x_at = ring_at + St::kX + g * St::kXRow + warp * St::kXUnit + t * 16;
+    // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k)
+    const uint32_t x_at = (rx.on() ? rx.row_at(g) : ring_at + St::kX + g * St::kXRow) +
+                          warp * St::kXUnit + t * 16;
     const bool has_x = g < x_rows;
+    if (rx.on()) mbar_wait(x_full_at, 0);
     // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
@@ -479,7 +526,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 uint32_t pa[4], pb[4];
                 chunk_pairs<K>(w, v, my_table, pa, pb);
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
-                const uint4 xv = lds_u32x4_if(has_x, x_at + at + v * kChunk * 2);
+                const uint4 xv = lds_u32x4_if(
+                    has_x, (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc);
             };
             if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
@@ -645,8 +693,8 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
 }
 
 // Ring stages for a stage of `stage_bytes` beside a pair table of `table` bytes.
-inline int stream_stages(int table, int stage_bytes) {
-    const int s = (kStreamSmem - table) / stage_bytes;
+inline int stream_stages(int before, int stage_bytes) {  // before: bytes ahead of the ring
+    const int s = (kStreamSmem - before) / stage_bytes;
     return s < kStreamMaxStages ? s : kStreamMaxStages;
 }
 
@@ -987,20 +1035,23 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (err != cudaSuccess) return;
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     const int table = table_bytes<KbitStaged<T, K, F>>();
-                    const int stage = StreamStage<K, F>::bytes(static_cast<int>(m < kMaxM ? m : kMaxM));
-                    const int ring = stream_stages(table, stage);
+                    const int rows = static_cast<int>(m < kMaxM ? m : kMaxM);
+                    int ctas = 0;
+                    err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
+                    if (err != cudaSuccess) return;
+                    const int x_stride = resident_x_stride(rows, k_in, n_out, ctas);
+                    const int before = table + (x_stride ? resident_x_bytes(rows, x_stride) : 0);
+                    const int stage = StreamStage<K, F>::bytes(x_stride ? 0 : rows);
+                    const int ring = stream_stages(before, stage);
                     if (m <= kMaxM && major >= 9 && ring >= 2) {
                         constexpr auto kernel = gemv_tiled_kernel<T, K, F>;
                         err = allow_smem<kernel>(kStreamSmem);
-                        int ctas = 0;
-                        if (err == cudaSuccess)
-                            err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
                         if (err != cudaSuccess) return;
-                        kernel<<<ctas, kStreamThreads, table + ring * stage, stream>>>(
+                        kernel<<<ctas, kStreamThreads, before + ring * stage, stream>>>(
                             static_cast<const uint8_t *>(tiled_packed),
                             static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
                             static_cast<const S *>(x), m, k_in, n_out,
-                            static_cast<const S *>(bias), static_cast<S *>(y), ring);
+                            static_cast<const S *>(bias), static_cast<S *>(y), ring, x_stride);
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
                             constexpr int NT = decltype(nt)::value;
@@ -1118,19 +1169,22 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     int major = 0;
     if (compute_major(&major) != cudaSuccess || major < 9) return false;
     const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
-    const int stage = gguf_stream::Stage<Fmt>::bytes(gguf_stream::slot_x_rows<NT>(rows));
-    const int ring = stream_stages(0, stage);
+    int ctas = 0;
+    err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
+    if (err != cudaSuccess) return true;
+    const int x_stride = NT == 1 ? resident_x_stride(rows, k_in, n_out, ctas) : 0;
+    const int x_bytes = x_stride ? resident_x_bytes(rows, x_stride) : 0;
+    const int stage = gguf_stream::Stage<Fmt>::bytes(x_stride ? 0 : gguf_stream::slot_x_rows<NT>(rows));
+    const int ring = stream_stages(x_bytes, stage);
     if (ring < 2) return false;
     CUtensorMap map;
     if (gguf_stream::weight_map<Fmt>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
     constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT>;
     err = allow_smem<kernel>(kStreamSmem);
-    int ctas = 0;
-    if (err == cudaSuccess) err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
     if (err != cudaSuccess) return true;
-    kernel<<<ctas, kStreamThreads, ring * stage, stream>>>(
+    kernel<<<ctas, kStreamThreads, x_bytes + ring * stage, stream>>>(
         map, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
-        static_cast<S *>(y), ring);
+        static_cast<S *>(y), ring, x_stride);
     err = launch_error();
     return true;
 }

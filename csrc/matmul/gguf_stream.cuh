@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::storage *__restrict__ x,
                  int64_t m, int64_t k_in, int64_t n_out,
                  const typename T::storage *__restrict__ bias,
-                 typename T::storage *__restrict__ y, int ring_stages) {
+                 typename T::storage *__restrict__ y, int ring_stages, int x_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
@@ -440,7 +440,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     using S = Stream<Fmt>;
     constexpr int kUnits = kStreamWarps;
     extern __shared__ __align__(128) uint4 smem[];
-    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
@@ -451,17 +451,12 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     const int64_t stages = (last - first) * stages_per_tile;
     const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM * NT;
     const int x_rows = static_cast<int>(m - m0 < kMaxM * NT ? m - m0 : kMaxM * NT);
-    const int stage_bytes = St::bytes(slot_x_rows<NT>(x_rows));
-    const uint32_t ring_at = smem_address(smem);
+    const ResidentX rx{NT == 1 ? x_stride : 0, x_rows, smem_address(smem)};
+    const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
+    const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ring_stages; ++s) {
-            mbar_init(full_at + 8 * s, 1);
-            mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    const uint32_t x_full_at = smem_address(&x_full);
+    if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
     __syncthreads();
 
     // The producer (one lane): stage q is units [g0, g0 + n) of tile first + q /
@@ -471,20 +466,21 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
         if (lane != 0) return;
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
         const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
+        rx.load(x_full_at, xb, k_in, x_policy);
         int slot = 0, g0 = 0;
         uint32_t phase = 0;
         int64_t tile = first;
         for (int64_t q = 0; q < stages; ++q) {
             if (q >= ring_stages) mbar_wait(empty_at + 8 * slot, phase ^ 1u);
             const int n = groups - g0 < kUnits ? groups - g0 : kUnits;
-            const int x_bytes = n * kUnitK * 2;
+            const int x_bytes = rx.on() ? 0 : n * kUnitK * 2;
             const uint32_t bar = full_at + 8 * slot, dst = ring_at + slot * stage_bytes;
             mbar_expect(bar, St::kX + x_rows * x_bytes);
 #pragma unroll
             for (int p = 0; p < St::kPieces; ++p)
                 tma_load(dst + p * St::kBox, wmap, (St::unit_bytes(g0) + p * St::kPieceBytes) / 8,
                          static_cast<int>(tile * kTileRows), bar, w_policy);
-            for (int i = 0; i < x_rows; ++i)
+            for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * kXStride, xb + (i * k_in + g0 * kUnitK) * 2, x_bytes,
                           bar, x_policy);
             if (++slot == ring_stages) slot = 0, phase ^= 1u;
@@ -501,8 +497,11 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     const uint32_t w_lane = opaque(ring_at + piece * St::kBox + g * St::kPieceStride +
                                    (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
                                                           : (in_piece >> 1) * Fmt::kBytes));
-    const uint32_t x_lane = opaque(ring_at + St::kX + min(g, x_rows - 1) * kXStride +
-                                   warp * kUnitK * 2 + 8 * t);
+    // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k)
+    const uint32_t x_lane = opaque(
+        (rx.on() ? rx.row_at(min(g, x_rows - 1)) : ring_at + St::kX + min(g, x_rows - 1) * kXStride) +
+        warp * kUnitK * 2 + 8 * t);
+    if (rx.on()) mbar_wait(x_full_at, 0);
     const bool odd_half = (warp & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
@@ -515,7 +514,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
         if (g0 + warp < groups) {
             u.wa = at + w_lane;
             u.wb = u.wa + 8 * St::kPieceStride;
-            u.x = at + x_lane;
+            u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
             if constexpr (Fmt::kElems == kChunk) {
                 S::template unit<T, 0, true, NT>(u, acc);
             } else if constexpr (!std::is_same_v<Fmt, gguf::Q6_K>) {
