@@ -542,7 +542,7 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
     two from 9), which reads the file's blocks in stages of 2048 elements of k when they
     lie on 16 bytes and k_in % 256 == 0 (Q6_K: % 2048): a partial last stage (2560), more
     row tiles than SMs (2200 rows: CTAs with two tiles), n_out off the 16-row tile, every
-    row of x of a pass, x held in shared memory for the whole kernel (8500 rows: four
+    row of x of a pass, x held in shared memory for the whole kernel (8500 rows: three
     row tiles or more a CTA) or copied with each stage; and the direct kernels where the
     stream cannot read (blocks 2 bytes off 16, k_in off 256 / 2048); against the
     reference and the host."""

@@ -109,7 +109,7 @@ def test_gguf_streamed(rng, qtype, m):
 def test_streamed_x_paths(rng, n_out, k_in, m):
     """The streamed GEMVs (tiled kbit, GGUF) with x copied with each stage (7 rows of 6144
     elements exceed what they hold for the whole kernel) and with x held in shared memory
-    for the whole kernel (8500 rows: four row tiles or more a CTA)."""
+    for the whole kernel (8500 rows: three row tiles or more a CTA)."""
     torch = _torch()
     w = torch.randn(n_out, k_in, device="cuda", dtype=torch.float16)
     t = kbit.tile(kbit.quantize(w, k=4))

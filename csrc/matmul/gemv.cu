@@ -351,13 +351,13 @@ struct ConsumersSync {
 
 // x held in shared memory for the whole kernel, rather than copied again with every
 // stage (every row tile of a CTA reads the same x), where its rows fit kResidentX bytes
-// and a CTA has kResidentTiles row tiles or more to reuse them: the stages then carry W
-// alone. Measured (bench/RESULTS.md, session 10): the tiled GEMV at m = 1 3-10% faster;
-// with two tiles a CTA (4096x4096), up to 10% slower at m = 4..8 (x must arrive before
-// the first stage is read). Rows at `stride` bytes (k_in * 2 + 16: rows g in distinct
+// and a CTA has kResidentTiles row tiles or more to reuse them (8192x28672: 3.9 a CTA on
+// 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
+// session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
+// to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at `stride` bytes (k_in * 2 + 16: rows g in distinct
 // banks) from the start of dynamic shared memory, the ring after them.
 constexpr int kResidentX = 72 * 1024;
-constexpr int kResidentTiles = 4;
+constexpr int kResidentTiles = 3;
 inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas) {
     const int64_t stride = k_in * 2 + 16;
     const bool reused = blocks_of(n_out, kTileRows) >= static_cast<int64_t>(kResidentTiles) * ctas;
