@@ -479,12 +479,14 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
     // The consumers: warp w takes unit w of each stage.
     const auto my_table = lane_table<copies>(table);
-    const uint32_t seg_at = ring_at + warp * St::kUnitW + lane * 8 * K;
-    const uint32_t sc_at = ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB;
-    // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k)
-    const uint32_t x_at = (rx.on() ? rx.row_at(g) : ring_at + St::kX + g * St::kXRow) +
-                          warp * St::kXUnit + t * 16;
-    const bool has_x = g < x_rows;
+    const uint32_t seg_at = opaque(ring_at + warp * St::kUnitW + lane * 8 * K);
+    const uint32_t sc_at =
+        opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
+    // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
+    // past x's rows read its last row (their sums are never stored)
+    const int xg = min(g, x_rows - 1);
+    const uint32_t x_at = opaque((rx.on() ? rx.row_at(xg) : ring_at + St::kX + xg * St::kXRow) +
+                                 warp * St::kXUnit + t * 16);
     if (rx.on()) mbar_wait(x_full_at, 0);
     // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
@@ -526,8 +528,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 uint32_t pa[4], pb[4];
                 chunk_pairs<K>(w, v, my_table, pa, pb);
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
-                const uint4 xv = lds_u32x4_if(
-                    has_x, (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
+                const uint4 xv =
+                    lds_u32x4((rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc);
             };
             if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch

@@ -108,12 +108,6 @@ struct Sums {
     float v[NT][4] = {};
 };
 
-// v, opaque to the compiler: a lane's fixed offsets stay in registers instead of being
-// recomputed from the thread index in every stage (25 instructions a unit in SASS).
-__device__ __forceinline__ uint32_t opaque(uint32_t v) {
-    asm volatile("mov.b32 %0, %0;" : "+r"(v));
-    return v;
-}
 
 // The chunk's two k16 steps (A fragments s0, s1) times each n8 tile of x, whose lane's
 // elements of the chunk start at x_at (tile 0).
@@ -332,10 +326,16 @@ struct Q6_KS {
         const uint32_t hi = (q < 2 ? h << (4 - 2 * q) : h >> (2 * q - 4)) & 0x30303030u;
         return lo | hi;
     }
+    // Scale (int8) of quadrant q, step st as a pair of T: fp16 takes base + (sc + 128)
+    // exactly; bf16 (8 significant bits) through float32.
     template <class T>
     static __device__ __forceinline__ uint32_t scale(const Row<T> &r, int q, int st) {
         const int b = 2 * q + st;  // byte of the half's 8 scales
-        return splat<T>(static_cast<float>(static_cast<int8_t>(r.sc[b >> 2] >> (8 * (b & 3)))));
+        if constexpr (std::is_same_v<T, F16>)
+            return hadd2<T>(biased_splat<T>(r.sc[b >> 2] ^ 0x80808080u, b & 3),
+                            splat<T>(-(Pack<T>::kBase + 128.0f)));
+        else
+            return splat<T>(static_cast<float>(static_cast<int8_t>(r.sc[b >> 2] >> (8 * (b & 3)))));
     }
     template <class T, int kHalf, bool kAligned, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
