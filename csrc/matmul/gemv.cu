@@ -354,8 +354,9 @@ struct ConsumersSync {
 // and a CTA has kResidentTiles row tiles or more to reuse them (8192x28672: 3.9 a CTA on
 // 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
-// to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at `stride` bytes (k_in * 2 + 16: rows g in distinct
-// banks) from the start of dynamic shared memory, the ring after them.
+// to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at
+// `stride` bytes (k_in * 2 + 16: rows g in distinct banks) from the start of the dynamic
+// shared memory after the pair table, the ring after them.
 constexpr int kResidentX = 72 * 1024;
 constexpr int kResidentTiles = 3;
 inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas) {

@@ -1,16 +1,18 @@
-// GGUF streamed GEMV (m <= 8, sm_90): included by gemv.cu after the tiled streamed
-// kernel, whose ring, consumer barrier and tile store it shares.
+// GGUF streamed GEMV (m <= 16, sm_90): included by gemv.cu after the tiled streamed
+// kernel, whose ring, resident x, consumer barrier and tile store it shares.
 //
 // The blocks are read exactly as a GGUF file stores them (row after row of W). A
 // persistent CTA per SM owns a run of 16-row tiles; a stage is 2048 elements of k of one
-// tile: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows, two for
-// Q8_0, whose stage rows exceed a box) and the same elements of every row of x (a bulk
-// copy a row), issued by one producer lane into a ring of shared-memory slots. (A bulk
-// copy a row of W, 17 copies a stage, left the producer the bound: bench/RESULTS.md.) Each of the 16 consumer warps takes a unit of 128 elements (four 32-element
-// chunks) of all 16 rows: lane (g, t) decodes elements 4t..4t+3 and 16+4t..16+4t+3 of
-// each chunk of rows g and g+8 into pairs of T and the warp multiplies them with two
-// mma.sync m16n8k16 a chunk (the pairs sit in the A fragment's k order up to a fixed
-// permutation, under which x's pairs are its natural words: no reordering of x).
+// tile: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows, two for Q8_0,
+// whose stage rows exceed a box) and, unless x is held for the whole kernel
+// (ResidentX), the same elements of every row of x (a bulk copy a row), issued by one
+// producer lane into a ring of shared-memory slots. (A bulk copy a row of W, 17 copies a
+// stage, left the producer the bound: bench/RESULTS.md, session 10.) Each of the 16
+// consumer warps takes a unit of 128 elements (four 32-element chunks) of all 16 rows:
+// lane (g, t) decodes elements 4t..4t+3 and 16+4t..16+4t+3 of each chunk of rows g and
+// g+8 into pairs of T and the warp multiplies them with two mma.sync m16n8k16 a chunk
+// and n8 tile of x (the pairs sit in the A fragment's k order up to a fixed permutation,
+// under which x's pairs are its natural words: no reordering of x).
 //
 // Integers to T: a code byte c (c < 128 for bf16) placed under the exponent byte of
 // `base` (1024 for fp16, 128 for bf16) is the exact value base + c, one byte permute a
@@ -21,7 +23,7 @@
 //
 // Needs blocks on 16 bytes, rows whose stage pieces are whole 16-byte runs (k_in % 256
 // == 0; Q6_K: % 2048) and the map's 32-bit coordinates; streams() says so. Otherwise the
-// direct kernel.
+// direct kernels.
 namespace gguf_stream {
 
 constexpr int kStageK = 2048;  // elements of k a stage
@@ -37,8 +39,12 @@ template <>
 struct Pack<F16> {
     static constexpr uint32_t kMagic = 0x64646464u;  // byte 0x64: the exponent of 1024
     static constexpr float kBase = 1024.0f;
-    static __device__ __forceinline__ __half2 h(uint32_t v) { return *reinterpret_cast<__half2 *>(&v); }
-    static __device__ __forceinline__ uint32_t u(__half2 v) { return *reinterpret_cast<uint32_t *>(&v); }
+    static __device__ __forceinline__ __half2 h(uint32_t v) {
+        return *reinterpret_cast<__half2 *>(&v);
+    }
+    static __device__ __forceinline__ uint32_t u(__half2 v) {
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
 };
 template <>
 struct Pack<BF16> {
@@ -100,14 +106,15 @@ __device__ __forceinline__ Frag frag(uint32_t a01, uint32_t a23, uint32_t b01, u
 struct ChunkX {
     uint2 s0, s1;
 };
-__device__ __forceinline__ ChunkX chunk_x(uint32_t at) { return {lds_u32x2(at), lds_u32x2(at + 32)}; }
+__device__ __forceinline__ ChunkX chunk_x(uint32_t at) {
+    return {lds_u32x2(at), lds_u32x2(at + 32)};
+}
 
 // C fragments of NT n8 tiles of x (rows g + 8 nt).
 template <int NT>
 struct Sums {
     float v[NT][4] = {};
 };
-
 
 // The chunk's two k16 steps (A fragments s0, s1) times each n8 tile of x, whose lane's
 // elements of the chunk start at x_at (tile 0).
@@ -199,8 +206,10 @@ struct Q8_0S {
         for (int c = 0; c < 4; ++c) {
             const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
             const bool word = c % 2 == 1;  // 34-byte blocks, a unit on 8
-            const uint32_t a0 = lds_word(word, a + 2 + 4 * u.t), a1 = lds_word(word, a + 18 + 4 * u.t);
-            const uint32_t b0 = lds_word(word, b + 2 + 4 * u.t), b1 = lds_word(word, b + 18 + 4 * u.t);
+            const uint32_t a0 = lds_word(word, a + 2 + 4 * u.t),
+                           a1 = lds_word(word, a + 18 + 4 * u.t);
+            const uint32_t b0 = lds_word(word, b + 2 + 4 * u.t),
+                           b1 = lds_word(word, b + 18 + 4 * u.t);
             const float da = __half2float(__ushort_as_half(lds_u16(a)));
             const float db = __half2float(__ushort_as_half(lds_u16(b)));
             const Frag s0 = frag(int8_pair<T>(a0, 0), int8_pair<T>(a0, 1), int8_pair<T>(b0, 0),
@@ -299,28 +308,28 @@ struct QK45S {
 struct Q6_KS {
     using Fmt = gguf::Q6_K;
     static constexpr int kStreamK = 2048;  // 8 blocks: 1680 bytes
-    template <class T>
     struct Row {
         uint32_t ql[2][2], qh[2], sc[2];  // ql[r & 1][step], qh[step], scales 8 kHalf ..
         float d;
     };
-    template <class T, int kHalf, bool kAligned>
-    static __device__ __forceinline__ Row<T> row(uint32_t at, int t) {
-        Row<T> r;
+    template <int kHalf, bool kAligned>
+    static __device__ __forceinline__ Row row(uint32_t at, int t) {
+        Row r;
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
 #pragma unroll
             for (int odd = 0; odd < 2; ++odd)
                 r.ql[odd][st] = lds_word(kAligned, at + 64 * kHalf + 32 * odd + 16 * st + 4 * t);
-            r.qh[st] = lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, qh) + 32 * kHalf + 16 * st + 4 * t);
-            r.sc[st] = lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, scales) + 8 * kHalf + 4 * st);
+            r.qh[st] = lds_word(kAligned,
+                                at + offsetof(gguf::BlockQ6_K, qh) + 32 * kHalf + 16 * st + 4 * t);
+            r.sc[st] =
+                lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, scales) + 8 * kHalf + 4 * st);
         }
         r.d = __half2float(__ushort_as_half(lds_u16(at + offsetof(gguf::BlockQ6_K, d))));
         return r;
     }
     // Codes of quadrant q, step st (6 bits a byte).
-    template <class T>
-    static __device__ __forceinline__ uint32_t codes(const Row<T> &r, int q, int st) {
+    static __device__ __forceinline__ uint32_t codes(const Row &r, int q, int st) {
         const uint32_t lo = (r.ql[q & 1][st] >> (4 * (q >> 1))) & gguf::kLow4;
         const uint32_t h = r.qh[st];
         const uint32_t hi = (q < 2 ? h << (4 - 2 * q) : h >> (2 * q - 4)) & 0x30303030u;
@@ -329,7 +338,7 @@ struct Q6_KS {
     // Scale (int8) of quadrant q, step st as a pair of T: fp16 takes base + (sc + 128)
     // exactly; bf16 (8 significant bits) through float32.
     template <class T>
-    static __device__ __forceinline__ uint32_t scale(const Row<T> &r, int q, int st) {
+    static __device__ __forceinline__ uint32_t scale(const Row &r, int q, int st) {
         const int b = 2 * q + st;  // byte of the half's 8 scales
         if constexpr (std::is_same_v<T, F16>)
             return hadd2<T>(biased_splat<T>(r.sc[b >> 2] ^ 0x80808080u, b & 3),
@@ -339,7 +348,7 @@ struct Q6_KS {
     }
     template <class T, int kHalf, bool kAligned, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
-        const Row<T> ra = row<T, kHalf, kAligned>(u.wa, u.t), rb = row<T, kHalf, kAligned>(u.wb, u.t);
+        const Row ra = row<kHalf, kAligned>(u.wa, u.t), rb = row<kHalf, kAligned>(u.wb, u.t);
         const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32
         Sums<NT> c;
 #pragma unroll
@@ -348,7 +357,7 @@ struct Q6_KS {
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
                 const uint32_t ca = codes(ra, q, st), cb = codes(rb, q, st);
-                const uint32_t sa = scale(ra, q, st), sb = scale(rb, q, st);
+                const uint32_t sa = scale<T>(ra, q, st), sb = scale<T>(rb, q, st);
                 s[st] = frag(hmul2<T>(hadd2<T>(biased<T>(ca, 0), off), sa),
                              hmul2<T>(hadd2<T>(biased<T>(ca, 1), off), sa),
                              hmul2<T>(hadd2<T>(biased<T>(cb, 0), off), sb),
@@ -417,7 +426,8 @@ bool streams(const void *blocks, int64_t k_in, int64_t n_out) {
 template <class Fmt>
 cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64_t n_out) {
     const int64_t row_bytes = k_in / Fmt::kElems * Fmt::kBytes;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 8), static_cast<cuuint64_t>(n_out)},
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 8),
+                                static_cast<cuuint64_t>(n_out)},
                      strides[1] = {static_cast<cuuint64_t>(row_bytes)};
     const cuuint32_t box[2] = {Stage<Fmt>::kPieceStride / 8, kTileRows};
     return tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, blocks, dims, strides, box);
@@ -428,10 +438,10 @@ cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64
 // NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2).
 template <class T, class Fmt, int NT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
-gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::storage *__restrict__ x,
-                 int64_t m, int64_t k_in, int64_t n_out,
-                 const typename T::storage *__restrict__ bias,
-                 typename T::storage *__restrict__ y, int ring_stages, int x_stride) {
+    gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
+                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                     int64_t n_out, const typename T::storage *__restrict__ bias,
+                     typename T::storage *__restrict__ y, int ring_stages, int x_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
@@ -447,7 +457,8 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
     const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
     const int stages_per_tile = (groups + kUnits - 1) / kUnits;
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
-    const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
+    const int64_t first = blockIdx.x * tiles / gridDim.x,
+                  last = (blockIdx.x + 1) * tiles / gridDim.x;
     const int64_t stages = (last - first) * stages_per_tile;
     const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM * NT;
     const int x_rows = static_cast<int>(m - m0 < kMaxM * NT ? m - m0 : kMaxM * NT);
@@ -498,9 +509,9 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap, const typename T::sto
                                    (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
                                                           : (in_piece >> 1) * Fmt::kBytes));
     // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k)
-    const uint32_t x_lane = opaque(
-        (rx.on() ? rx.row_at(min(g, x_rows - 1)) : ring_at + St::kX + min(g, x_rows - 1) * kXStride) +
-        warp * kUnitK * 2 + 8 * t);
+    const uint32_t x_lane = opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
+                                            : ring_at + St::kX + min(g, x_rows - 1) * kXStride) +
+                                   warp * kUnitK * 2 + 8 * t);
     if (rx.on()) mbar_wait(x_full_at, 0);
     const bool odd_half = (warp & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
