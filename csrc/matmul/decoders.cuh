@@ -168,13 +168,19 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 
 // ---- tensor maps (TMA) -----------------------------------------------------------------
 
-// The driver's tensor map encoder (through the runtime: no link to libcuda).
+// The driver's tensor map encoder (through the runtime: no link to libcuda). Toolkits
+// before 12.5 lack the versioned query; their unversioned one gives the same 12.0 entry.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
         const cudaError_t err = cudaGetDriverEntryPointByVersion(
             "cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+        const cudaError_t err =
+            cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
         return err == cudaSuccess && found == cudaDriverEntryPointSuccess
                    ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
                    : nullptr;

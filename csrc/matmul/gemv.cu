@@ -355,8 +355,11 @@ struct ConsumersSync {
 // 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
 // to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at
-// `stride` bytes (k_in * 2 + 16: rows g in distinct banks) from the start of the dynamic
-// shared memory after the pair table, the ring after them.
+// `stride` bytes (k_in * 2 + 16) from the start of the dynamic shared memory after the
+// pair table, the ring after them. (A review found that 16 bytes of padding leave the x
+// reads of two rows 2-way bank conflicts at m >= 2, as in the stages' x rows: 32 bytes
+// (GGUF's 8-byte reads) or 64 (the tiled kernel's 16-byte ones) would avoid them. Not
+// yet measured.)
 constexpr int kResidentX = 72 * 1024;
 constexpr int kResidentTiles = 3;
 inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas) {
@@ -457,7 +460,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
                       w_policy);
             for (int i = 0; i < x_rows && !rx.on(); ++i)
-                bulk_copy(dst + St::kX + i * St::kXRow, xb + (i * k_in + p_g0 * 128) * 2,
+                bulk_copy(dst + St::kX + i * St::kXRow,
+                          xb + (i * k_in + static_cast<int64_t>(p_g0) * 128) * 2,
                           x_elems * 2, bar, x_policy);
             p_unit += n;
             if (++p_slot == ring_stages) p_slot = 0, p_phase ^= 1u;
@@ -484,11 +488,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const uint32_t sc_at =
         opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
     // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
-    // past x's rows read its last row (their sums are never stored)
+    // past x's rows read its last row (their sums are never stored); resident rows are read
+    // after their barrier, whose zero the address carries (see mbar_wait)
     const int xg = min(g, x_rows - 1);
+    const uint32_t x_ready = rx.on() ? mbar_wait(x_full_at, 0) : 0;
     const uint32_t x_at = opaque((rx.on() ? rx.row_at(xg) : ring_at + St::kX + xg * St::kXRow) +
-                                 warp * St::kXUnit + t * 16);
-    if (rx.on()) mbar_wait(x_full_at, 0);
+                                 warp * St::kXUnit + t * 16 + x_ready);
     // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {

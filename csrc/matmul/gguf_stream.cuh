@@ -28,7 +28,7 @@ namespace gguf_stream {
 
 constexpr int kStageK = 2048;  // elements of k a stage
 constexpr int kUnitK = kStageK / kStreamWarps;  // 128: a consumer warp's unit
-constexpr int kXStride = kStageK * 2 + 16;         // a stage's row of x, padded
+constexpr int kXStride = kStageK * 2 + 16;      // a stage's row of x, padded (see ResidentX)
 static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
 
 // ---- packed T arithmetic on 32-bit words -------------------------------------------------
@@ -403,7 +403,7 @@ struct Stage {
     }
     // Bytes of a row's first n units: n is even (a multiple of 16 for Q6_K) wherever
     // the kernel asks, so these are whole blocks and whole 16-byte runs.
-    static __host__ __device__ constexpr int unit_bytes(int n) {
+    static __host__ __device__ constexpr int64_t unit_bytes(int64_t n) {
         return n * kUnitK * Fmt::kBytes / Fmt::kElems;
     }
 };
@@ -489,11 +489,13 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
             mbar_expect(bar, St::kX + x_rows * x_bytes);
 #pragma unroll
             for (int p = 0; p < St::kPieces; ++p)
-                tma_load(dst + p * St::kBox, wmap, (St::unit_bytes(g0) + p * St::kPieceBytes) / 8,
+                tma_load(dst + p * St::kBox, wmap,
+                         static_cast<int>((St::unit_bytes(g0) + p * St::kPieceBytes) / 8),
                          static_cast<int>(tile * kTileRows), bar, w_policy);
             for (int i = 0; i < x_rows && !rx.on(); ++i)
-                bulk_copy(dst + St::kX + i * kXStride, xb + (i * k_in + g0 * kUnitK) * 2, x_bytes,
-                          bar, x_policy);
+                bulk_copy(dst + St::kX + i * kXStride,
+                          xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
+                          x_policy);
             if (++slot == ring_stages) slot = 0, phase ^= 1u;
             if ((g0 += kUnits) >= groups) g0 = 0, ++tile;
         }
@@ -508,11 +510,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     const uint32_t w_lane = opaque(ring_at + piece * St::kBox + g * St::kPieceStride +
                                    (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
                                                           : (in_piece >> 1) * Fmt::kBytes));
-    // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k)
+    // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k),
+    // read after their barrier, whose zero the address carries (see mbar_wait)
+    const uint32_t x_ready = rx.on() ? mbar_wait(x_full_at, 0) : 0;
     const uint32_t x_lane = opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
                                             : ring_at + St::kX + min(g, x_rows - 1) * kXStride) +
-                                   warp * kUnitK * 2 + 8 * t);
-    if (rx.on()) mbar_wait(x_full_at, 0);
+                                   warp * kUnitK * 2 + 8 * t + x_ready);
     const bool odd_half = (warp & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
