@@ -399,6 +399,79 @@ __device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, i
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+// A streamed CTA's share of the work: its run of row tiles from `first` (the tiles split
+// evenly over the grid), their `stages` stages, and the rows of x of its pass (from m0).
+struct StreamWalk {
+    int64_t first, stages, m0;
+    int x_rows;
+};
+__device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_tile, int64_t m,
+                                                  int pass_rows) {
+    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
+    const int64_t first = blockIdx.x * tiles / gridDim.x,
+                  last = (blockIdx.x + 1) * tiles / gridDim.x;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * pass_rows;
+    return {first, (last - first) * stages_per_tile, m0,
+            static_cast<int>(m - m0 < pass_rows ? m - m0 : pass_rows)};
+}
+
+// A position in the ring: the slot, its barriers' phase and its byte offset, advanced a
+// stage at a time alike by the producer and the consumers.
+struct RingSlot {
+    int slot = 0;
+    uint32_t phase = 0, at = 0;  // at: slot * stage_bytes
+    __device__ __forceinline__ void next(int ring_stages, int stage_bytes) {
+        if (++slot == ring_stages) slot = 0, at = 0, phase ^= 1u;
+        else at += stage_bytes;
+    }
+};
+
+// C fragments of NT n8 tiles of x (rows g + 8 nt) a lane holds for its warp.
+template <int NT>
+struct Sums {
+    float v[NT][4] = {};
+};
+
+// A row tile's last stage: the consumer warps' sums of each n8 tile meet, y; the sums
+// start again from zero.
+template <class T, int NT>
+__device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, int64_t r0, int64_t m0, int64_t m,
+                                                  int64_t n_out, const typename T::storage *bias,
+                                                  typename T::storage *y) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if (nt > 0) consumers_sync();  // store_tile's shared partial sums are reused
+        store_tile<T, kStreamWarps>(acc.v[nt], r0, m0 + 8 * nt, m, n_out, bias, y, ConsumersSync{});
+    }
+    acc = Sums<NT>{};
+    consumers_sync();  // the partial sums are read before the next tile's
+}
+
+// The consumer warps' walk over a CTA's stages: each stage waited for, body(at, g0) (its
+// slot's shared offset, which carries the wait's zero, and its first unit of the row of
+// `groups` units, kStreamWarps a stage), released by every lane (each its own reads);
+// after a row tile's last stage its sums go to y.
+template <class T, int NT, class Body>
+__device__ __forceinline__ void consume_stages(const StreamWalk &walk, int groups,
+                                               uint32_t full_at, uint32_t empty_at,
+                                               int ring_stages, int stage_bytes, int64_t m,
+                                               int64_t n_out, const typename T::storage *bias,
+                                               typename T::storage *y, Sums<NT> &acc,
+                                               Body &&body) {
+    RingSlot c;
+    int g0 = 0;
+    int64_t tile = walk.first;
+    for (int64_t q = 0; q < walk.stages; ++q) {
+        body(c.at + mbar_wait(full_at + 8 * c.slot, c.phase), g0);
+        mbar_arrive(empty_at + 8 * c.slot);
+        c.next(ring_stages, stage_bytes);
+        if ((g0 += kStreamWarps) < groups) continue;
+        g0 = 0;
+        store_stream_tile<T>(acc, tile * kTileRows, walk.m0, m, n_out, bias, y);
+        ++tile;
+    }
+}
+
 // Up to 8 rows of x (one n8 tile).
 template <class T, int K, kbit_absmax_format FMT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
@@ -425,12 +498,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     // Groups of a row and stages of a tile fit in 32 bits (k_in < 2^38 elements).
     const int chunks = static_cast<int>(k_in / kChunk);
     const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
-    const int stages_per_tile = (groups + kUnits - 1) / kUnits;
-    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
-    const int64_t first = blockIdx.x * tiles / gridDim.x, last = (blockIdx.x + 1) * tiles / gridDim.x;
-    const int64_t stages = (last - first) * stages_per_tile;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM;
-    const int x_rows = static_cast<int>(m - m0 < kMaxM ? m - m0 : kMaxM);
+    const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM);
+    const int64_t first = walk.first, stages = walk.stages, m0 = walk.m0;
+    const int x_rows = walk.x_rows;
     const ResidentX rx{x_stride, x_rows, smem_address(smem) + table_bytes<Dec>()};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
     const uint32_t ring_at = rx.ring_at();
@@ -446,15 +516,15 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const bool producer = warp == kStreamWarps;
     const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
     const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
-    int p_slot = 0, p_g0 = 0;
-    uint32_t p_phase = 0;
+    RingSlot p;
+    int p_g0 = 0;
     int64_t p_unit = first * groups, issued = 0;  // p_unit: stage `issued`'s first unit
     auto produce = [&](int64_t until) {
         for (; issued < until; ++issued) {
-            if (issued >= ring_stages) mbar_wait(empty_at + 8 * p_slot, p_phase ^ 1u);
+            if (issued >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
             const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
-            const uint32_t bar = full_at + 8 * p_slot, dst = ring_at + p_slot * stage_bytes;
+            const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
             mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
             bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
             bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
@@ -464,7 +534,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                           xb + (i * k_in + static_cast<int64_t>(p_g0) * 128) * 2,
                           x_elems * 2, bar, x_policy);
             p_unit += n;
-            if (++p_slot == ring_stages) p_slot = 0, p_phase ^= 1u;
+            p.next(ring_stages, stage_bytes);
             if ((p_g0 += kUnits) >= groups) p_g0 = 0;
         }
     };
@@ -516,14 +586,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         else return __uint_as_float(s[v]) * scale_mul;
     };
 
-    float acc[4] = {};
-    int slot = 0, g0 = 0;
-    uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
-    int64_t tile = first;
-    for (int64_t q = 0; q < stages; ++q) {
+    Sums<1> acc;
+    consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
+                      acc, [&](uint32_t at, int g0) {
         // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
         const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
-        const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);  // the stage
         if (left > 0 && g0 + warp < groups) {
             uint32_t w[2 * K];  // the lane's segment
             load_segment<K>(seg_at + at, w);
@@ -536,7 +603,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
                 const uint4 xv =
                     lds_u32x4((rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
-                chunk_mma<T>(pa, pb, xv, fa, fb, acc);
+                chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
             };
             if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
@@ -547,19 +614,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                     if (v < left) one(v);
             }
         }
-        mbar_arrive(empty_at + 8 * slot);  // each lane releases its own reads of the slot
-        if (++slot == ring_stages) slot = 0, slot_at = 0, phase ^= 1u;
-        else slot_at += stage_bytes;
-        if ((g0 += kUnits) < groups) continue;
-
-        // The tile's last stage: its sums meet, y.
-        g0 = 0;
-        store_tile<T, kStreamWarps>(acc, tile * kTileRows, m0, m, n_out, bias, y,
-                                    ConsumersSync{});
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-        consumers_sync();  // the partial sums are read before the next tile's
-        ++tile;
-    }
+    });
 #endif
 }
 
@@ -704,6 +759,26 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
 inline int stream_stages(int before, int stage_bytes) {  // before: bytes ahead of the ring
     const int s = (kStreamSmem - before) / stage_bytes;
     return s < kStreamMaxStages ? s : kStreamMaxStages;
+}
+
+// A streamed GEMV's launch: a CTA an SM (no more than the row tiles); x's `rows` held for
+// the whole kernel where resident_x_stride allows (and may_reside), else `slot_rows` of
+// them copied with each stage; as many ring stages of stage_bytes(x rows a slot) as fit
+// after the `table` bytes and resident x. Run it where ring >= 2.
+struct StreamLaunch {
+    int ctas = 0, x_stride = 0, before = 0, stage = 0, ring = 0;
+    int smem() const { return before + ring * stage; }
+};
+template <class StageBytes>
+cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
+                          int table, StageBytes &&stage_bytes, StreamLaunch &l) {
+    const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
+    if (err != cudaSuccess) return err;
+    l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas) : 0;
+    l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
+    l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
+    l.ring = stream_stages(l.before, l.stage);
+    return cudaSuccess;
 }
 
 // One thread per (segment, lane): the lane's segment from the stored words (tile) or back
@@ -1042,24 +1117,24 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     err = compute_major(&major);
                     if (err != cudaSuccess) return;
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
-                    const int table = table_bytes<KbitStaged<T, K, F>>();
-                    const int rows = static_cast<int>(m < kMaxM ? m : kMaxM);
-                    int ctas = 0;
-                    err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
-                    if (err != cudaSuccess) return;
-                    const int x_stride = resident_x_stride(rows, k_in, n_out, ctas);
-                    const int before = table + (x_stride ? resident_x_bytes(rows, x_stride) : 0);
-                    const int stage = StreamStage<K, F>::bytes(x_stride ? 0 : rows);
-                    const int ring = stream_stages(before, stage);
-                    if (m <= kMaxM && major >= 9 && ring >= 2) {
+                    StreamLaunch l;
+                    if (m <= kMaxM && major >= 9) {
+                        const int rows = static_cast<int>(m);
+                        err = stream_launch(n_out, k_in, rows, rows, true,
+                                            table_bytes<KbitStaged<T, K, F>>(),
+                                            StreamStage<K, F>::bytes, l);
+                        if (err != cudaSuccess) return;
+                    }
+                    if (l.ring >= 2) {
                         constexpr auto kernel = gemv_tiled_kernel<T, K, F>;
                         err = allow_smem<kernel>(kStreamSmem);
                         if (err != cudaSuccess) return;
-                        kernel<<<ctas, kStreamThreads, before + ring * stage, stream>>>(
+                        kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
                             static_cast<const uint8_t *>(tiled_packed),
                             static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
                             static_cast<const S *>(x), m, k_in, n_out,
-                            static_cast<const S *>(bias), static_cast<S *>(y), ring, x_stride);
+                            static_cast<const S *>(bias), static_cast<S *>(y), l.ring,
+                            l.x_stride);
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
                             constexpr int NT = decltype(nt)::value;
@@ -1177,22 +1252,19 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     int major = 0;
     if (compute_major(&major) != cudaSuccess || major < 9) return false;
     const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
-    int ctas = 0;
-    err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
+    StreamLaunch l;  // x held for the whole kernel with one n8 tile only
+    err = stream_launch(n_out, k_in, rows, gguf_stream::slot_x_rows<NT>(rows), NT == 1, 0,
+                        gguf_stream::Stage<Fmt>::bytes, l);
     if (err != cudaSuccess) return true;
-    const int x_stride = NT == 1 ? resident_x_stride(rows, k_in, n_out, ctas) : 0;
-    const int x_bytes = x_stride ? resident_x_bytes(rows, x_stride) : 0;
-    const int stage = gguf_stream::Stage<Fmt>::bytes(x_stride ? 0 : gguf_stream::slot_x_rows<NT>(rows));
-    const int ring = stream_stages(x_bytes, stage);
-    if (ring < 2) return false;
+    if (l.ring < 2) return false;
     CUtensorMap map;
     if (gguf_stream::weight_map<Fmt>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
     constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT>;
     err = allow_smem<kernel>(kStreamSmem);
     if (err != cudaSuccess) return true;
-    kernel<<<ctas, kStreamThreads, x_bytes + ring * stage, stream>>>(
+    kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
         map, static_cast<const S *>(x), m, k_in, n_out, static_cast<const S *>(bias),
-        static_cast<S *>(y), ring, x_stride);
+        static_cast<S *>(y), l.ring, l.x_stride);
     err = launch_error();
     return true;
 }

@@ -33,29 +33,16 @@ static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
 
 // ---- packed T arithmetic on 32-bit words -------------------------------------------------
 
+// T's packed pair type, and the code-byte magic: byte 0x64 (fp16) or 0x43 (bf16) is the
+// high byte of `base` (1024 or 128), whose low mantissa bits a code byte then fills.
 template <class T>
-struct Pack;
-template <>
-struct Pack<F16> {
-    static constexpr uint32_t kMagic = 0x64646464u;  // byte 0x64: the exponent of 1024
-    static constexpr float kBase = 1024.0f;
-    static __device__ __forceinline__ __half2 h(uint32_t v) {
-        return *reinterpret_cast<__half2 *>(&v);
-    }
-    static __device__ __forceinline__ uint32_t u(__half2 v) {
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
-template <>
-struct Pack<BF16> {
-    static constexpr uint32_t kMagic = 0x43434343u;  // byte 0x43: the exponent of 128
-    static constexpr float kBase = 128.0f;
-    static __device__ __forceinline__ __nv_bfloat162 h(uint32_t v) {
-        return *reinterpret_cast<__nv_bfloat162 *>(&v);
-    }
-    static __device__ __forceinline__ uint32_t u(__nv_bfloat162 v) {
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
+struct Pack {
+    static constexpr bool kF16 = std::is_same_v<T, F16>;
+    using H2 = std::conditional_t<kF16, __half2, __nv_bfloat162>;
+    static constexpr uint32_t kMagic = kF16 ? 0x64646464u : 0x43434343u;
+    static constexpr float kBase = kF16 ? 1024.0f : 128.0f;
+    static __device__ __forceinline__ H2 h(uint32_t v) { return *reinterpret_cast<H2 *>(&v); }
+    static __device__ __forceinline__ uint32_t u(H2 v) { return *reinterpret_cast<uint32_t *>(&v); }
 };
 template <class T>
 __device__ __forceinline__ uint32_t hadd2(uint32_t a, uint32_t b) {
@@ -110,12 +97,6 @@ __device__ __forceinline__ ChunkX chunk_x(uint32_t at) {
     return {lds_u32x2(at), lds_u32x2(at + 32)};
 }
 
-// C fragments of NT n8 tiles of x (rows g + 8 nt).
-template <int NT>
-struct Sums {
-    float v[NT][4] = {};
-};
-
 // The chunk's two k16 steps (A fragments s0, s1) times each n8 tile of x, whose lane's
 // elements of the chunk start at x_at (tile 0).
 template <class T, int NT>
@@ -151,74 +132,76 @@ struct UnitAt {
 
 // ---- formats -----------------------------------------------------------------------------
 //
-// unit<T, kHalf, kAligned>(u, acc): the unit's sums into the C fragments acc. kAligned:
-// the unit's blocks start on 4 bytes (only Q6_K's 210-byte blocks may not; the others'
-// alignment is fixed per chunk).
+// run<T, NT>(u, odd_half, aligned4, acc): the unit's sums into the C fragments acc;
+// odd_half: the unit is the second half of a 256-element super-block (k-quants),
+// aligned4: its block starts on 4 bytes (only Q6_K's 210-byte blocks may not; the others'
+// alignment is fixed per chunk). Each format turns these run-time facts, the same for a
+// warp all kernel long, into template arguments of its own decoder.
 
-struct Q4_0S {
-    using Fmt = gguf::Q4_0;
-    static constexpr int kStreamK = 256;  // 8 blocks: 144 bytes
-    template <class T, int kHalf, bool kAligned, int NT>
-    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
-        const uint32_t off = splat<T>(-(Pack<T>::kBase + 8.0f));  // q - 8
+// Q4_0 and Q8_0: a unit is four 32-element blocks (one chunk each) of an fp16 scale d and
+// codes; Codes::words(q, t, aligned, w) gives the code bytes of elements 4t..4t+3 (w[0])
+// and 16+4t..16+4t+3 (w[1]) from the block's codes at q, Codes::pair<T>(w, half) two of
+// them as the exact pair of values. Blocks of 18 and 34 bytes from a unit on 8: the codes
+// (at 2) lie on whole words in odd blocks only.
+template <class Codes>
+struct Block32S {
+    using Fmt = typename Codes::Fmt;
+    static constexpr int kStreamK = 256;  // 8 blocks: whole 16-byte runs
+    template <class T, int NT>
+    static __device__ __forceinline__ void run(const UnitAt &u, bool, bool, Sums<NT> &acc) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
-            // qs[4t..4t+3] at 2 + 4t: whole words in odd blocks (18-byte blocks, a unit on 8)
-            const uint32_t qa = lds_word(c % 2 == 1, a + 2 + 4 * u.t);
-            const uint32_t qb = lds_word(c % 2 == 1, b + 2 + 4 * u.t);
+            uint32_t wa[2], wb[2];
+            Codes::words(a + 2, u.t, c % 2 == 1, wa);
+            Codes::words(b + 2, u.t, c % 2 == 1, wb);
             const float da = __half2float(__ushort_as_half(lds_u16(a)));
             const float db = __half2float(__ushort_as_half(lds_u16(b)));
-            const uint32_t la = qa & gguf::kLow4, lb = qb & gguf::kLow4;
-            const uint32_t ha = (qa >> 4) & gguf::kLow4, hb = (qb >> 4) & gguf::kLow4;
-            const Frag s0 = frag(hadd2<T>(biased<T>(la, 0), off), hadd2<T>(biased<T>(la, 1), off),
-                                 hadd2<T>(biased<T>(lb, 0), off), hadd2<T>(biased<T>(lb, 1), off));
-            const Frag s1 = frag(hadd2<T>(biased<T>(ha, 0), off), hadd2<T>(biased<T>(ha, 1), off),
-                                 hadd2<T>(biased<T>(hb, 0), off), hadd2<T>(biased<T>(hb, 1), off));
+            Frag st[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                st[i] = frag(Codes::template pair<T>(wa[i], 0), Codes::template pair<T>(wa[i], 1),
+                             Codes::template pair<T>(wb[i], 0), Codes::template pair<T>(wb[i], 1));
             Sums<NT> c4;
-            mma_chunk<T>(c4, s0, s1, u.x + c * kChunk * 2);
+            mma_chunk<T>(c4, st[0], st[1], u.x + c * kChunk * 2);
             scale_add(acc, c4, da, db);
         }
     }
 };
 
-// int8 codes: fp16 takes base + (q + 128) exactly; bf16 (8 significant bits) takes the
-// pair through float32.
-template <class T>
-__device__ __forceinline__ uint32_t int8_pair(uint32_t codes, int half) {
-    if constexpr (std::is_same_v<T, F16>) {
-        const uint32_t off = splat<T>(-(Pack<T>::kBase + 128.0f));
-        const uint32_t u = codes ^ 0x80808080u;
-        return hadd2<T>(biased<T>(u, half), off);
-    } else {
-        const int lo = static_cast<int8_t>(codes >> (16 * half));
-        const int hi = static_cast<int8_t>(codes >> (16 * half + 8));
-        return pack2(T{}, static_cast<float>(lo), static_cast<float>(hi));
+// Q4_0: element e < 16 is the low nibble of qs[e], e >= 16 the high nibble of qs[e - 16];
+// value d (q - 8).
+struct Q4_0Codes {
+    using Fmt = gguf::Q4_0;
+    static __device__ __forceinline__ void words(uint32_t q, int t, bool aligned,
+                                                 uint32_t (&w)[2]) {
+        const uint32_t v = lds_word(aligned, q + 4 * t);
+        w[0] = v & gguf::kLow4;
+        w[1] = (v >> 4) & gguf::kLow4;
     }
-}
+    template <class T>
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int half) {
+        return hadd2<T>(biased<T>(w, half), splat<T>(-(Pack<T>::kBase + 8.0f)));
+    }
+};
 
-struct Q8_0S {
+// Q8_0: int8 codes, value d q. fp16 takes base + (q + 128) exactly; bf16 (8 significant
+// bits) takes the pair through float32.
+struct Q8_0Codes {
     using Fmt = gguf::Q8_0;
-    static constexpr int kStreamK = 256;  // 8 blocks: 272 bytes
-    template <class T, int kHalf, bool kAligned, int NT>
-    static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const uint32_t a = u.wa + c * Fmt::kBytes, b = u.wb + c * Fmt::kBytes;
-            const bool word = c % 2 == 1;  // 34-byte blocks, a unit on 8
-            const uint32_t a0 = lds_word(word, a + 2 + 4 * u.t),
-                           a1 = lds_word(word, a + 18 + 4 * u.t);
-            const uint32_t b0 = lds_word(word, b + 2 + 4 * u.t),
-                           b1 = lds_word(word, b + 18 + 4 * u.t);
-            const float da = __half2float(__ushort_as_half(lds_u16(a)));
-            const float db = __half2float(__ushort_as_half(lds_u16(b)));
-            const Frag s0 = frag(int8_pair<T>(a0, 0), int8_pair<T>(a0, 1), int8_pair<T>(b0, 0),
-                                 int8_pair<T>(b0, 1));
-            const Frag s1 = frag(int8_pair<T>(a1, 0), int8_pair<T>(a1, 1), int8_pair<T>(b1, 0),
-                                 int8_pair<T>(b1, 1));
-            Sums<NT> c4;
-            mma_chunk<T>(c4, s0, s1, u.x + c * kChunk * 2);
-            scale_add(acc, c4, da, db);
+    static __device__ __forceinline__ void words(uint32_t q, int t, bool aligned,
+                                                 uint32_t (&w)[2]) {
+        w[0] = lds_word(aligned, q + 4 * t);
+        w[1] = lds_word(aligned, q + 16 + 4 * t);
+    }
+    template <class T>
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int half) {
+        if constexpr (Pack<T>::kF16) {
+            return hadd2<T>(biased<T>(w ^ 0x80808080u, half), splat<T>(-(Pack<T>::kBase + 128.0f)));
+        } else {
+            const int lo = static_cast<int8_t>(w >> (16 * half));
+            const int hi = static_cast<int8_t>(w >> (16 * half + 8));
+            return pack2(T{}, static_cast<float>(lo), static_cast<float>(hi));
         }
     }
 };
@@ -240,7 +223,7 @@ struct QK45S {
     using Fmt = gguf::QK_45<kFifthBit>;
     using Block = typename Fmt::Block;
     static constexpr int kStreamK = 256;  // one block: 144 or 176 bytes
-    template <class T, int kHalf, bool kAligned, int NT>
+    template <class T, int kHalf, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const uint4 ha = lds_u32x4(u.wa), hb = lds_u32x4(u.wb);  // d, dmin, scales[12]
         uint32_t qha[2] = {}, qhb[2] = {};
@@ -299,6 +282,12 @@ struct QK45S {
         scale_add(acc, c1, da, db);
         scale_add(acc, c2, -ma, -mb);
     }
+    template <class T, int NT>
+    static __device__ __forceinline__ void run(const UnitAt &u, bool odd_half, bool,
+                                               Sums<NT> &acc) {
+        if (odd_half) unit<T, 1, NT>(u, acc);
+        else unit<T, 0, NT>(u, acc);
+    }
 };
 
 // Q6_K: the unit is half kHalf (elements 128 kHalf ..) of one block: quadrants r = 0..3,
@@ -340,7 +329,7 @@ struct Q6_KS {
     template <class T>
     static __device__ __forceinline__ uint32_t scale(const Row &r, int q, int st) {
         const int b = 2 * q + st;  // byte of the half's 8 scales
-        if constexpr (std::is_same_v<T, F16>)
+        if constexpr (Pack<T>::kF16)
             return hadd2<T>(biased_splat<T>(r.sc[b >> 2] ^ 0x80808080u, b & 3),
                             splat<T>(-(Pack<T>::kBase + 128.0f)));
         else
@@ -367,14 +356,25 @@ struct Q6_KS {
         }
         scale_add(acc, c, ra.d, rb.d);
     }
+    template <class T, int NT>
+    static __device__ __forceinline__ void run(const UnitAt &u, bool odd_half, bool aligned4,
+                                               Sums<NT> &acc) {
+        if (odd_half) {
+            if (aligned4) unit<T, 1, true, NT>(u, acc);
+            else unit<T, 1, false, NT>(u, acc);
+        } else {
+            if (aligned4) unit<T, 0, true, NT>(u, acc);
+            else unit<T, 0, false, NT>(u, acc);
+        }
+    }
 };
 
 template <class Fmt>
 struct Stream;
 template <>
-struct Stream<gguf::Q4_0> : Q4_0S {};
+struct Stream<gguf::Q4_0> : Block32S<Q4_0Codes> {};
 template <>
-struct Stream<gguf::Q8_0> : Q8_0S {};
+struct Stream<gguf::Q8_0> : Block32S<Q8_0Codes> {};
 template <>
 struct Stream<gguf::Q4_K> : QK45S<false> {};
 template <>
@@ -438,10 +438,10 @@ cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64
 // NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2).
 template <class T, class Fmt, int NT>
 __global__ void __launch_bounds__(kStreamThreads, 1)
-    gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
-                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
-                     int64_t n_out, const typename T::storage *__restrict__ bias,
-                     typename T::storage *__restrict__ y, int ring_stages, int x_stride) {
+gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
+                 const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
+                 const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
+                 int ring_stages, int x_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
@@ -455,13 +455,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     const int g = lane >> 2, t = lane & 3;
 
     const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
-    const int stages_per_tile = (groups + kUnits - 1) / kUnits;
-    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
-    const int64_t first = blockIdx.x * tiles / gridDim.x,
-                  last = (blockIdx.x + 1) * tiles / gridDim.x;
-    const int64_t stages = (last - first) * stages_per_tile;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxM * NT;
-    const int x_rows = static_cast<int>(m - m0 < kMaxM * NT ? m - m0 : kMaxM * NT);
+    const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM * NT);
+    const int64_t first = walk.first, stages = walk.stages, m0 = walk.m0;
+    const int x_rows = walk.x_rows;
     const ResidentX rx{NT == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
     const uint32_t ring_at = rx.ring_at();
@@ -478,25 +474,25 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
         const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
         rx.load(x_full_at, xb, k_in, x_policy);
-        int slot = 0, g0 = 0;
-        uint32_t phase = 0;
+        RingSlot p;
+        int g0 = 0;
         int64_t tile = first;
         for (int64_t q = 0; q < stages; ++q) {
-            if (q >= ring_stages) mbar_wait(empty_at + 8 * slot, phase ^ 1u);
+            if (q >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - g0 < kUnits ? groups - g0 : kUnits;
             const int x_bytes = rx.on() ? 0 : n * kUnitK * 2;
-            const uint32_t bar = full_at + 8 * slot, dst = ring_at + slot * stage_bytes;
+            const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
             mbar_expect(bar, St::kX + x_rows * x_bytes);
 #pragma unroll
-            for (int p = 0; p < St::kPieces; ++p)
-                tma_load(dst + p * St::kBox, wmap,
-                         static_cast<int>((St::unit_bytes(g0) + p * St::kPieceBytes) / 8),
+            for (int i = 0; i < St::kPieces; ++i)
+                tma_load(dst + i * St::kBox, wmap,
+                         static_cast<int>((St::unit_bytes(g0) + i * St::kPieceBytes) / 8),
                          static_cast<int>(tile * kTileRows), bar, w_policy);
             for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * kXStride,
                           xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
                           x_policy);
-            if (++slot == ring_stages) slot = 0, phase ^= 1u;
+            p.next(ring_stages, stage_bytes);
             if ((g0 += kUnits) >= groups) g0 = 0, ++tile;
         }
         return;
@@ -520,44 +516,13 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
     Sums<NT> acc;
-    int slot = 0, g0 = 0;
-    uint32_t phase = 0, slot_at = 0;  // slot * stage_bytes
-    int64_t tile = first;
-    for (int64_t q = 0; q < stages; ++q) {
-        const uint32_t at = slot_at + mbar_wait(full_at + 8 * slot, phase);
-        if (g0 + warp < groups) {
-            u.wa = at + w_lane;
-            u.wb = u.wa + 8 * St::kPieceStride;
-            u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
-            if constexpr (Fmt::kElems == kChunk) {
-                S::template unit<T, 0, true, NT>(u, acc);
-            } else if constexpr (!std::is_same_v<Fmt, gguf::Q6_K>) {
-                if (odd_half) S::template unit<T, 1, true, NT>(u, acc);
-                else S::template unit<T, 0, true, NT>(u, acc);
-            } else if (odd_half) {
-                if (aligned4) S::template unit<T, 1, true, NT>(u, acc);
-                else S::template unit<T, 1, false, NT>(u, acc);
-            } else {
-                if (aligned4) S::template unit<T, 0, true, NT>(u, acc);
-                else S::template unit<T, 0, false, NT>(u, acc);
-            }
-        }
-        mbar_arrive(empty_at + 8 * slot);  // each lane releases its own reads of the slot
-        if (++slot == ring_stages) slot = 0, slot_at = 0, phase ^= 1u;
-        else slot_at += stage_bytes;
-        if ((g0 += kUnits) < groups) continue;
-
-        // The tile's last stage: its sums meet, y.
-        g0 = 0;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            if (nt > 0) consumers_sync();  // store_tile's shared partial sums are reused
-            store_tile<T, kStreamWarps>(acc.v[nt], tile * kTileRows, m0 + 8 * nt, m, n_out, bias,
-                                        y, ConsumersSync{});
-        }
-        acc = Sums<NT>{};
-        consumers_sync();  // the partial sums are read before the next tile's
-        ++tile;
-    }
+    consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
+                      acc, [&](uint32_t at, int g0) {
+        if (g0 + warp >= groups) return;
+        u.wa = at + w_lane;
+        u.wb = u.wa + 8 * St::kPieceStride;
+        u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
+        S::template run<T, NT>(u, odd_half, aligned4, acc);
+    });
 #endif
 }
