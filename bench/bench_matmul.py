@@ -22,7 +22,8 @@ Method (llm.c style: check each case, then time it):
   and compared with a tolerance per dtype (--tol). A failed check is printed loudly and
   makes the exit status non-zero; the case is still timed (marked FAIL).
 - Timing: CUDA events around one call; before each timed call a buffer of twice the L2
-  size is written (so L2 holds none of W or x), then a GPU spin (torch.cuda._sleep) long
+  size is written (so L2 holds none of W or x; --flush read reads it instead, which
+  leaves L2 holding clean lines rather than dirty ones), then a GPU spin (torch.cuda._sleep) long
   enough for Python to enqueue the timed call behind it, then the start event: neither
   the flush nor the host's launch overhead is timed. 3 warm-up calls, then up to
   --repeats timed calls (fewer if one timing would exceed --budget seconds); median.
@@ -92,6 +93,8 @@ def _formats() -> dict:
             f[name + "-tiled"] = dict(f[name], tiled=True)
     for qt in ("nf4", "fp4"):
         f[qt] = {"family": "4bit", "quant_type": qt, "blocksize": 64, "block": 64}
+        # the same weight tiled (kbit.tile: kbit K=4, float32 scales a 32-element block)
+        f[qt + "-tiled"] = dict(f[qt], tiled=True, block=32)
     for name, (tid, elems, nbytes, _) in GGUF_TYPES.items():
         f[name.lower()] = {"family": "gguf", "ggml": name, "type_id": tid, "block": elems,
                            "block_bytes": nbytes}
@@ -108,7 +111,7 @@ FORMAT_GROUPS = {
     "kbit": ["kbit2", "kbit3", "kbit4", "kbit5"],
     "tiled": ["kbit2-tiled", "kbit3-tiled", "kbit4-tiled", "kbit5-tiled"],
     "kbit-all": [n for n in FORMATS if FORMATS[n]["family"] == "kbit"],
-    "4bit": ["nf4", "fp4"],
+    "4bit": ["nf4", "fp4", "nf4-tiled", "fp4-tiled"],
     "gguf": [n for n in FORMATS if FORMATS[n]["family"] == "gguf"],
 }
 DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2), "fp32": ("float32", 4)}
@@ -209,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tol", type=float, default=None,
                     help="relative error allowed by the check (default: 2e-3 fp16, 1.5e-2 "
                          "bf16, 1e-3 fp32)")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how L2 is emptied before each timed call: write a buffer of twice "
+                         "its size (default; L2 then holds dirty lines) or read one (clean "
+                         "lines, as between the layers of a decode step)")
     ap.add_argument("--no-bnb", action="store_true", help="do not time bitsandbytes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--selftest", action="store_true",
@@ -247,7 +254,8 @@ def weight_bytes(fmt: str, n_out: int, k_in: int) -> dict:
         blocks = n // 32
         return {"packed": blocks * spec["k"] * 4, "scales": blocks * _ABSMAX_BYTES[spec["absmax"]]}
     if spec["family"] == "4bit":
-        return {"packed": n // 2, "scales": 4 * (n // spec["blocksize"])}
+        per = 32 if spec.get("tiled") else spec["blocksize"]
+        return {"packed": n // 2, "scales": 4 * (n // per)}
     return {"packed": n // spec["block"] * spec["block_bytes"], "scales": 0}
 
 
@@ -392,14 +400,15 @@ class Timer:
     """Times a callable with CUDA events, L2 flushed and the launch hidden (see the
     module docstring)."""
 
-    def __init__(self, torch, repeats: int, budget_s: float):
+    def __init__(self, torch, repeats: int, budget_s: float, flush_mode: str = "write"):
         self.torch = torch
+        self.flush_mode = flush_mode
         self.repeats = repeats
         self.budget_s = budget_s
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
         self.flush_bytes = 2 * self.l2_bytes if self.l2_bytes else 256 << 20
-        self.flush_buf = torch.empty(self.flush_bytes, dtype=torch.uint8, device="cuda")
+        self.flush_buf = torch.zeros(self.flush_bytes, dtype=torch.uint8, device="cuda")
         self.start = torch.cuda.Event(enable_timing=True)
         self.stop = torch.cuda.Event(enable_timing=True)
         self.sleep = getattr(torch.cuda, "_sleep", None)
@@ -436,8 +445,14 @@ class Timer:
             return None
 
     def flush(self):
+        """write: fill the buffer (L2 is left full of dirty lines, which the timed call's
+        misses must write back first); read: read it (L2 left holding clean lines, as after
+        a layer that read its weights)."""
         self._flush_count += 1
-        self.flush_buf.fill_(self._flush_count & 0xFF)
+        if self.flush_mode == "read":
+            self.flush_buf.max()
+        else:
+            self.flush_buf.fill_(self._flush_count & 0xFF)
 
     def spin(self, us: float):
         if self.cycles_per_us and us > 0:
@@ -509,7 +524,7 @@ class Bench:
         torch.backends.cudnn.allow_tf32 = False
         self.dtype_name, self.elem_bytes = DTYPES[args.dtype]
         self.tdtype = getattr(torch, self.dtype_name)
-        self.timer = Timer(torch, args.repeats, args.budget)
+        self.timer = Timer(torch, args.repeats, args.budget, args.flush)
         self.bnb = None
         self.bnb_note = "not requested (--no-bnb)" if args.no_bnb else None
         if not args.no_bnb:
@@ -533,7 +548,7 @@ class Bench:
         info = {"device": p.name, "sms": p.multi_processor_count,
                 "memory_gib": round(p.total_memory / 2**30, 1),
                 "l2_bytes": self.timer.l2_bytes, "flush_bytes": self.timer.flush_bytes,
-                "flush_us": self.timer.flush_us,
+                "flush_us": self.timer.flush_us, "flush_mode": self.timer.flush_mode,
                 "sleep_cycles_per_us": self.timer.cycles_per_us,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -589,8 +604,12 @@ class Bench:
             return q, deq, "N(0, 0.02^2) quantized by kbit.quantize on the GPU", q
         if spec["family"] == "4bit":
             q = kbit.quantize_4bit(w_dense, spec["quant_type"], spec["blocksize"])
-            return q, (lambda dt, out=None: kbit.dequantize_4bit(q, out=out, dtype=dt)), \
-                f"N(0, 0.02^2) quantized by kbit.quantize_{spec['quant_type']} on the GPU", q
+            deq = lambda dt, out=None: kbit.dequantize_4bit(q, out=out, dtype=dt)  # noqa: E731
+            how = f"N(0, 0.02^2) quantized by kbit.quantize_{spec['quant_type']} on the GPU"
+            if spec.get("tiled"):
+                t = kbit.tile(q)
+                return t, deq, how + ", then kbit.tile", t
+            return q, deq, how, q
         raw, source = gguf_blocks(spec["ggml"],
                                   lambda: w_dense.float().cpu().numpy().reshape(n_out, k_in),
                                   n, self.args.gguf_source, seed)
@@ -885,7 +904,7 @@ def selftest() -> int:
     expect(a.formats == ["kbit2", "kbit3", "kbit4", "kbit5", "kbit4-fp16", "q4_k",
                          "q4_0", "q8_0", "q5_k", "q6_k"], f"formats {a.formats}")
     expect(resolve_args(["--m", "all"]).m == GEMV_M + GEMM_M, "m all")
-    expect(len(resolve_args(["--formats", "all"]).formats) == 24 + 2 + 5, "all formats")
+    expect(len(resolve_args(["--formats", "all"]).formats) == 24 + 4 + 5, "all formats")
     for bad in (["--shapes", "4096"], ["--shapes", "0x4096"], ["--m", "0"], ["--m", "x"],
                 ["--formats", "q3_k"], ["--dtype", "int8"]):
         try:

@@ -853,6 +853,43 @@ def test_host_out_of_memory_keeps_its_message(rng):
 
 
 @requires_gpu
+def test_gpu_graph_keeps_outgrown_workspaces(rng, monkeypatch):
+    """A CUDA graph whose captured calls grow kbit.matmul's workspace (m = 16 asks for the
+    GEMM's split-K workspace, larger on a longer row): the outgrown buffer, which the first
+    captured call names, stays alive, and replays compute both products."""
+    import sys
+    import torch
+    mod = sys.modules["kbit.matmul"]
+    monkeypatch.setattr(mod, "_workspaces", {})
+    monkeypatch.setattr(mod, "_outgrown", [])
+    dtype, cases = "float16", []
+    for n_out, k_in, m in ((131, 4096, 16), (131, 28672, 16)):
+        w, w64 = gguf_weight(rng, n_out, k_in, "Q4_0")
+        cases.append((to_device(w), w64, cuda_x(random_x(rng, (m, k_in), dtype), dtype)))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for wd, _, x_t in cases:
+            kbit.matmul(x_t, wd)
+    torch.cuda.current_stream().wait_stream(side)
+    monkeypatch.setattr(mod, "_workspaces", {})  # the capture allocates them again
+    monkeypatch.setattr(mod, "_outgrown", [])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = [kbit.matmul(x_t, wd) for wd, _, x_t in cases]
+    assert len(mod._outgrown) == 1
+    for _ in range(2):
+        xs = [random_x(rng, tuple(x_t.shape), dtype) for _, _, x_t in cases]
+        for (_, _, x_t), x in zip(cases, xs):
+            x_t.copy_(cuda_x(x, dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        for y_t, (_, w64, _), x in zip(ys, cases, xs):
+            check_accuracy(from_cuda(y_t, dtype), reference(x, w64, None, dtype), dtype,
+                           "graph with a grown workspace", magnitude(x, w64, dtype))
+
+
+@requires_gpu
 @pytest.mark.parametrize("family, m", [("kbit", 1), ("kbit", 40), ("Q4_K", 3), ("Q6_K", 12)])
 def test_gpu_python_matmul_in_a_cuda_graph(rng, family, m):
     """kbit.matmul itself captured in a CUDA graph (the demo does this): its workspace and a

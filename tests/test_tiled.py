@@ -106,6 +106,68 @@ def test_bad_arguments_write_nothing(rng):
         kbit.tile(kbit.quantize(np.ones((4, 40), np.float32), k=4))  # k_in not a multiple of 32
 
 
+# (quant type, blocksize, nested, shape): 32- to 256-element 4-bit blocks (one to eight
+# 32-element kbit blocks each), nested scales, rows that end inside a 4-bit block
+FOUR_BIT = (("nf4", 64, False, (33, 96)), ("fp4", 32, False, (7, 64)),
+            ("nf4", 256, True, (5, 160)), ("fp4", 128, True, (17, 224)))
+
+
+@pytest.mark.parametrize("quant_type, blocksize, nested, shape", FOUR_BIT)
+def test_4bit_tiles_to_the_same_values(rng, quant_type, blocksize, nested, shape):
+    """kbit.tile of an NF4 / FP4 weight (kbit.tiled.from_4bit: the kbit K = 4 weight with
+    float32 scales and the format's table as codebook) dequantizes to the 4-bit weight's
+    float32 values exactly, untiles to those codes and scales, and its matmul is within
+    the bounds of those values (as the 4-bit one, where its rows hold whole blocks)."""
+    w = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    q4 = kbit.quantize_4bit(w, quant_type, blocksize, compress_statistics=nested)
+    want = kbit.dequantize_4bit(q4, dtype="float32")
+    q = kbit.tiled.from_4bit(q4)
+    assert (q.k, q.absmax_format, q.tensor_scale) == (4, "fp32", 1.0)
+    assert np.array_equal(kbit.dequantize(q, dtype="float32"), want)
+    t = kbit.tile(q4)
+    assert isinstance(t, kbit.TiledTensor)
+    back = kbit.untile(t)
+    assert np.array_equal(back.packed, q.packed) and np.array_equal(back.absmax, q.absmax)
+    assert np.array_equal(kbit.dequantize(back, dtype="float32"), want)
+    x = random_x(rng, (3, shape[1]), "float32")
+    y_ref = reference(x, want.astype(np.float64), None, "float32")
+    for wq in (t, q4) if shape[1] % blocksize == 0 else (t,):  # (4-bit rows: whole blocks)
+        check_accuracy(kbit.matmul(x, wq), y_ref, "float32", f"{quant_type} tiled={wq is t}",
+                       magnitude(x, want.astype(np.float64), "float32"))
+
+
+def test_4bit_to_kbit_codes_and_bad_arguments(rng):
+    """kbit_nf4_to_kbit_host: a block's bit planes hold its codes (the first element of a
+    byte in the high nibble), codes past n are zero, each 32-element block takes its 4-bit
+    block's absmax; bad arguments get a status and nothing written."""
+    n, bs = 70, 64  # two 4-bit blocks, three kbit blocks (the last of 6 elements)
+    codes = rng.integers(0, 16, n).astype(np.uint8)
+    packed = ((codes[0::2] << 4) | codes[1::2]).astype(np.uint8)
+    absmax = np.array([0.5, 2.0], np.float32)
+    words = np.zeros(12, np.uint32)
+    scales = np.zeros(3, np.float32)
+    fn = function("kbit_nf4_to_kbit_host")
+    assert fn(packed.ctypes.data, absmax.ctypes.data, n, bs, words.ctypes.data,
+              scales.ctypes.data) == S_OK
+    padded = np.concatenate([codes, np.zeros(26, np.uint8)]).reshape(3, 32)
+    for b in range(3):
+        for j in range(4):
+            bits = (padded[b] >> j) & 1
+            assert words[4 * b + j] == int(sum(int(v) << i for i, v in enumerate(bits)))
+    assert list(scales) == [0.5, 0.5, 2.0]
+    words[:] = 7
+    off = aligned_bytes(4 * 12 + 4, offset=2)
+    for args, status in (((n, 48, words.ctypes.data), S_INVALID),
+                         ((-1, bs, words.ctypes.data), S_INVALID),
+                         ((n, bs, None), S_NULL),
+                         ((n, bs, off.ctypes.data), S_MISALIGNED)):
+        m, b, out = args
+        assert fn(packed.ctypes.data, absmax.ctypes.data, m, b, out, scales.ctypes.data) == status
+    assert np.all(words == 7)
+    with pytest.raises(kbit.KbitError):
+        kbit.tile(kbit.quantize_4bit(np.ones((4, 48), np.float32), "nf4", 32))  # 48 % 32
+
+
 def on_cuda(q):
     """A host QuantizedTensor's arrays copied to the GPU (torch)."""
     import torch
@@ -138,6 +200,29 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
             diff = np.linalg.norm(as_f64(y, dtype) - as_f64(y_host, dtype))
             ref = max(np.linalg.norm(reference(x, w64, None, dtype)), scale, 1e-30)
             assert diff <= TOL[dtype] * ref
+
+
+@requires_gpu
+@pytest.mark.parametrize("quant_type, blocksize, nested, shape", FOUR_BIT)
+def test_gpu_4bit_tiles_as_the_host(rng, quant_type, blocksize, nested, shape):
+    """kbit.tile of an NF4 / FP4 weight on the GPU: the same bytes as on the host, and its
+    matmul (the GEMV and the GEMM) within the bounds of the 4-bit weight's values."""
+    import torch
+    w = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    q4 = kbit.quantize_4bit(w, quant_type, blocksize, compress_statistics=nested)
+    t_host = kbit.tile(q4)
+    q4_gpu = kbit.quantize_4bit(torch.from_numpy(w).cuda(), quant_type, blocksize,
+                                compress_statistics=nested)
+    t = kbit.tile(q4_gpu)
+    torch.cuda.synchronize()
+    assert np.array_equal(t.packed.cpu().numpy(), t_host.packed)
+    assert np.array_equal(t.absmax.cpu().numpy(), t_host.absmax)
+    want = kbit.dequantize_4bit(q4, dtype="float32").astype(np.float64)
+    for m in (1, 5, 16, 40):
+        x = random_x(rng, (m, shape[1]), "float16")
+        y = from_cuda(kbit.matmul(cuda_x(x, "float16"), t), "float16")
+        check_accuracy(y, reference(x, want, None, "float16"), "float16",
+                       f"{quant_type} tiled m={m}", magnitude(x, want, "float16"))
 
 
 @requires_gpu

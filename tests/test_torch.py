@@ -17,7 +17,7 @@ from conftest import requires_gpu  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FORMATS = [("kbit", {"k": 4}), ("kbit", {"k": 2, "codebook": "fit", "absmax": "fp16"}),
-           ("kbit", {"k": 3, "tile": False}), ("nf4", {}),
+           ("kbit", {"k": 3, "tile": False}), ("nf4", {}), ("nf4", {"tile": True}),
            ("fp4", {"compress_statistics": True, "blocksize": 128})]
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_gpu)]
 
@@ -64,8 +64,8 @@ def test_quantized_linear_matches_dequantized_linear(rng, device, fmt, opts, dty
     lin = torch.nn.Linear(128, 48, bias=True).to(device=device, dtype=dtype)
     ql = kt.QuantizedLinear.from_linear(lin, format=fmt, **opts)
     assert ql.in_features == 128 and ql.out_features == 48
-    if fmt == "kbit" and opts.get("tile", True):
-        assert isinstance(ql.weight, kbit.TiledTensor)
+    tiled = opts.get("tile", fmt == "kbit" or dtype == torch.bfloat16)
+    assert isinstance(ql.weight, kbit.TiledTensor) == tiled
     x = torch.randn(3, 5, 128, device=device, dtype=dtype)
     y = ql(x)
     assert y.shape == (3, 5, 48) and y.dtype == dtype and y.device.type == device
@@ -126,10 +126,10 @@ def test_quantize_model_and_state_dict_round_trip(rng, device):
 def test_state_dict_moves_between_devices_and_dtypes(rng):
     _seed(rng)
     lin = torch.nn.Linear(64, 16)
-    ql = kt.QuantizedLinear.from_linear(lin, format="nf4")
+    ql = kt.QuantizedLinear.from_linear(lin, format="nf4", tile=False)
     sd = ql.state_dict()
     assert "_extra_state" in sd and sd["_extra_state"]["format"] == "bnb4"
-    again = kt.QuantizedLinear.from_linear(torch.nn.Linear(64, 16), format="nf4")
+    again = kt.QuantizedLinear.from_linear(torch.nn.Linear(64, 16), format="nf4", tile=False)
     again.load_state_dict(sd)
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     assert torch.equal(again(x), ql(x))

@@ -63,6 +63,9 @@
     P0(const uint8_t *, qabsmax) P(const float *, absmax2) P(const float *, code) \
     P(const float *, offset) P(int64_t, count) P(float *, absmax)
 #define KBIT_PARAMS_BNB4_DYNAMIC_MAP(P0, P) P0(float *, code)
+#define KBIT_PARAMS_BNB4_TO_KBIT(P0, P) \
+    P0(const uint8_t *, packed) P(const float *, absmax) P(int64_t, n) P(int, blocksize) \
+    P(uint32_t *, kbit_packed) P(float *, kbit_absmax)
 
 #define KBIT_PARAMS_GGUF_DEQUANTIZE(P0, P) P0(const void *, blocks) P(int64_t, n) P(void *, output)
 #define KBIT_PARAMS_GGUF_DEQUANTIZE_ANY(P0, P) \
@@ -169,7 +172,9 @@
     HOST(kbit_nf4_dequantize_absmax_host, KBIT_PARAMS_BNB4_DEQUANTIZE_ABSMAX, KBIT_TAIL_NONE,     \
          (kbit::bnb4::dequantize_absmax_host))                                                    \
     HOST(kbit_nf4_dynamic_map_host, KBIT_PARAMS_BNB4_DYNAMIC_MAP, KBIT_TAIL_NONE,                 \
-         (kbit::bnb4::dynamic_map_host))
+         (kbit::bnb4::dynamic_map_host))                                                          \
+    GPU(kbit_nf4_to_kbit, KBIT_PARAMS_BNB4_TO_KBIT, KBIT_TAIL_STREAM, (kbit::bnb4::to_kbit))      \
+    HOST(kbit_nf4_to_kbit_host, KBIT_PARAMS_BNB4_TO_KBIT, KBIT_TAIL_NONE, (kbit::bnb4::to_kbit_host))
 
 // GGUF: (format struct, name) x (type tag, name).
 #define KBIT_GGUF_ROWS_OF_(FMT, Q, TAG, T, GPU, HOST)                                            \

@@ -277,6 +277,36 @@ inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, 
     return KBIT_SUCCESS;
 }
 
+// kbit_nf4_to_kbit: the 4-bit codes of bitsandbytes' layout (NF4 or FP4 alike) as a kbit
+// K = 4 weight with float32 scales (SPEC section 1): 32-element block b's bit planes from
+// its 16 bytes (first element of a pair in the high nibble; codes past n are 0) and its
+// scale the absmax of the 4-bit block that holds it (blocksizes are multiples of 32), so
+// that with the format's table as the codebook it dequantizes to the same float32 values.
+inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
+                                 const uint32_t *kbit_packed, const float *kbit_absmax) {
+    KBIT_TRY(check_n(n, 1));
+    KBIT_TRY(check_blocksize(bs));
+    if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(packed, "packed", 1));
+    KBIT_TRY(check_ptr(absmax, "absmax", 4));
+    KBIT_TRY(check_ptr(kbit_packed, "kbit_packed", 4));
+    KBIT_TRY(check_ptr(kbit_absmax, "kbit_absmax", 4));
+    return KBIT_SUCCESS;
+}
+KBIT_HD void block_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
+                           int64_t b, uint32_t *kbit_packed, float *kbit_absmax) {
+    const int64_t e0 = b * 32;
+    const int count = n - e0 < 32 ? static_cast<int>(n - e0) : 32;
+    uint32_t planes[4] = {0, 0, 0, 0};
+    for (int i = 0; i < count; ++i) {
+        const uint8_t byte = packed[(e0 + i) >> 1];
+        const uint32_t c = (i & 1) ? byte & 15u : byte >> 4;
+        for (int j = 0; j < 4; ++j) planes[j] |= ((c >> j) & 1u) << i;
+    }
+    for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
+    kbit_absmax[b] = absmax[e0 / bs];
+}
+
 // Second-level absmax arguments (code may be NULL: the built-in dynamic map).
 inline kbit_status check_dq_state(const uint8_t *qabsmax, const float *absmax2,
                                   const float *code, const float *offset) {

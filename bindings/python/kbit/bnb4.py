@@ -219,6 +219,33 @@ def _field(place: _arrays.Place, key: str, arr, nested: bool) -> _arrays.DeviceA
     return place.view(arr, key, lambda a: _host_bytes(a, dtype))
 
 
+def float32_state(w: Quantized4bit, wplace: _arrays.Place, place: _arrays.Place):
+    """(packed pointer, float32 absmax pointer, objects to keep alive) of a 4-bit weight
+    where it lives (`wplace`), a nested state expanded to float32 scales first on `place`
+    (kbit_nf4_dequantize_absmax), as the matmul and kbit.tile take it."""
+    _check_args(w.quant_type, w.blocksize)
+    if w.nested and w.offset is None:
+        raise KbitError("a nested state (absmax2 set) needs its offset")
+    parts = {"packed": w.packed, "absmax": w.absmax}
+    if w.nested:
+        parts.update(absmax2=w.absmax2, offset=w.offset)
+        if w.code is not None:
+            parts["code"] = w.code
+    views = {key: _field(wplace, key, arr, w.nested) for key, arr in parts.items()}
+    _check_state(w, {key: v.nbytes for key, v in views.items()})
+    absmax = views["absmax"].ptr
+    expanded = None
+    if w.nested:
+        count = views["absmax"].size
+        expanded = place.empty((count,), "float32")
+        code = views.get("code")
+        place.call("kbit_nf4_dequantize_absmax", absmax, views["absmax2"].ptr,
+                   code.ptr if code is not None else None, views["offset"].ptr, count,
+                   place.ptr(expanded))
+        absmax = place.ptr(expanded)
+    return views["packed"].ptr, absmax, (views, expanded)
+
+
 def dequantize_nf4(q: Quantized4bit, out=None, dtype=None):
     """dequantize_4bit for an NF4 tensor (raises for FP4)."""
     if q.quant_type != "nf4":

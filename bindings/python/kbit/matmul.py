@@ -8,9 +8,10 @@ x takes the CPU path (the `_host` entries); CUDA x of any framework takes the GP
 on the framework's current stream, and y is allocated in x's framework. W must live
 where x lives. Host bfloat16 is uint16 bits with dtype='bfloat16'.
 
-A GPU call whose shape wants a split-K workspace (kbit_matmul_workspace_bytes) takes it
-from a cache of zeroed buffers, one per device and stream (calls on one stream never run
-at the same time; every call leaves its workspace zeroed again).
+A GPU call whose shape wants a workspace (kbit_matmul_workspace_bytes: the GEMV's work
+queue at m <= 16, the GEMM's split-K) takes it from a cache of zeroed buffers, one per
+device and stream (calls on one stream never run at the same time; every call leaves its
+workspace zeroed again).
 """
 from __future__ import annotations
 
@@ -71,28 +72,9 @@ def _weight(w, wplace: _arrays.Place, place: _arrays.Place, n_out: int, k_in: in
     if isinstance(w, TiledTensor):
         args, keep = _tiled.matmul_args(w, wplace, place)
         return "kbit_tiled", args, keep
-    if isinstance(w, Quantized4bit):
-        _bnb4._check_args(w.quant_type, w.blocksize)
-        if w.nested and w.offset is None:
-            raise KbitError("a nested state (absmax2 set) needs its offset")
-        parts = {"packed": w.packed, "absmax": w.absmax}
-        if w.nested:
-            parts.update(absmax2=w.absmax2, offset=w.offset)
-            if w.code is not None:
-                parts["code"] = w.code
-        views = {key: _bnb4._field(wplace, key, arr, w.nested) for key, arr in parts.items()}
-        _bnb4._check_state(w, {key: v.nbytes for key, v in views.items()})
-        absmax = views["absmax"].ptr
-        expanded = None
-        if w.nested:  # expanded to float32 scales first, as SPEC section 6 asks
-            count = views["absmax"].size
-            expanded = place.empty((count,), "float32")
-            code = views.get("code")
-            place.call("kbit_nf4_dequantize_absmax", absmax, views["absmax2"].ptr,
-                       code.ptr if code is not None else None, views["offset"].ptr, count,
-                       place.ptr(expanded))
-            absmax = place.ptr(expanded)
-        return w.quant_type, [views["packed"].ptr, absmax, w.blocksize], (views, expanded)
+    if isinstance(w, Quantized4bit):  # a nested state expanded first (SPEC section 6)
+        packed, absmax, keep = _bnb4.float32_state(w, wplace, place)
+        return w.quant_type, [packed, absmax, w.blocksize], keep
     tid = _gguf._type_id(w.ggml_type)
     elems, bsize = _gguf.block_info(tid)
     name = _gguf.ggml_name(tid)
@@ -108,12 +90,14 @@ def _weight(w, wplace: _arrays.Place, place: _arrays.Place, n_out: int, k_in: in
 
 
 _workspaces: dict = {}  # (framework, device, stream) -> zeroed device buffer
+_outgrown: list = []  # buffers replaced by larger ones, kept for the graphs that captured them
 _workspace_lock = threading.Lock()
 
 
 def _workspace(place: _arrays.Place, m: int, k_in: int, n_out: int):
     """(pointer, bytes) of the zeroed workspace for a GPU call; (None, 0) when the shape
-    needs none. Buffers grow and are kept (also alive for captured CUDA graphs)."""
+    needs none. Buffers grow; an outgrown one is kept alive, since a captured CUDA graph
+    may still name it."""
     need = _lib.size("kbit_matmul_workspace_bytes", m, k_in, n_out)
     if need <= 0:
         return None, 0
@@ -123,6 +107,8 @@ def _workspace(place: _arrays.Place, m: int, k_in: int, n_out: int):
         if buf is None or _arrays.device_view(buf).nbytes < need:
             # allocated and zeroed by the framework, not copied from the host, so that
             # a first call inside a CUDA graph capture works too
+            if buf is not None:
+                _outgrown.append(buf)
             buf = place.empty((need,), "uint8")
             buf.zero_() if hasattr(buf, "zero_") else buf.fill(0)
             _workspaces[key] = buf

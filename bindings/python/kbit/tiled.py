@@ -5,6 +5,10 @@
     >>> y = kbit.matmul(x, t)            # the same result as kbit.matmul(x, q), faster
     >>> q2 = kbit.untile(t)              # q's bytes back, exactly
 
+An NF4 / FP4 weight tiles too: kbit.tile(kbit.quantize_nf4(w)) is the kbit K = 4 weight
+with float32 scales and the format's 16-entry table as codebook that dequantizes to the
+same float32 values (kbit_nf4_to_kbit), tiled; kbit.untile gives that kbit weight.
+
 The layout is written out in csrc/formats/kbit_tiled.h (rows in tiles of 16, blocks in
 groups of 4, zero padding to whole tiles). The arrays live where q lives; tile and untile
 run on q's device and stream (or on the CPU for numpy).
@@ -16,11 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _arrays
+from . import bnb4 as _bnb4
 from . import kbit as _kbit
 from ._lib import KbitError, size
+from .bnb4 import Quantized4bit
 from .kbit import QuantizedTensor
+from .reference import nf4 as _ref_nf4
 
-__all__ = ["TiledTensor", "tile", "untile"]
+__all__ = ["TiledTensor", "tile", "untile", "from_4bit"]
 
 
 @dataclass
@@ -73,8 +80,31 @@ def _checked(t, cls, what: str):
     return shape
 
 
-def tile(q: QuantizedTensor) -> TiledTensor:
-    """q (a 2-D kbit weight, k_in a multiple of 32) repacked for kbit.matmul."""
+def from_4bit(w: Quantized4bit) -> QuantizedTensor:
+    """The kbit K = 4 weight (float32 scales, the NF4 or FP4 table as codebook,
+    tensor_scale 1) that dequantizes exactly as the 4-bit weight w does: its codes and
+    scales as they are (kbit_nf4_to_kbit), where w lives."""
+    if not isinstance(w, Quantized4bit):
+        raise KbitError(f"from_4bit takes a kbit.Quantized4bit, got {type(w).__name__}")
+    place = _arrays.place_of(w.packed, "packed")
+    n = w.n
+    words, entries = _kbit._sizes(n, 4, "fp32")
+    packed_out = place.empty((words,), "uint32")
+    absmax_out = place.empty((entries,), "float32")
+    with place.active():
+        packed, absmax, _keep = _bnb4.float32_state(w, place, place)
+        place.call("kbit_nf4_to_kbit", packed, absmax, n, w.blocksize, place.ptr(packed_out),
+                   place.ptr(absmax_out))
+    return QuantizedTensor(packed_out, absmax_out, 4, tuple(w.shape), w.dtype, "fp32", 1.0,
+                           _ref_nf4.table(w.quant_type).copy())
+
+
+def tile(q) -> TiledTensor:
+    """q (a 2-D kbit weight, k_in a multiple of 32; or an NF4 / FP4 one, through
+    from_4bit) repacked for kbit.matmul."""
+    if isinstance(q, Quantized4bit):
+        _shape(q.shape)
+        q = from_4bit(q)
     n_out, k_in = _checked(q, QuantizedTensor, "tile")
     place = _arrays.place_of(q.packed, "packed")
     packed = place.view(q.packed, "packed", lambda a: _kbit._host_field(a, "uint32", "packed", q))

@@ -163,23 +163,31 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, format: str = "kbit", k: int = 4,
                     codebook=None, absmax: str = "e4m4", blocksize: int = 64,
-                    compress_statistics: bool = False, tile: bool = True) -> "QuantizedLinear":
+                    compress_statistics: bool = False,
+                    tile: bool | None = None) -> "QuantizedLinear":
         """Quantizes linear.weight where it lives. format: 'kbit' (k bits, absmax scale
         format and codebook as kbit.quantize), 'nf4' or 'fp4' (blocksize,
-        compress_statistics as kbit.quantize_4bit). tile: repack a kbit weight for the
-        matmul when its in_features is a multiple of 32 (kbit.tile; same bits)."""
+        compress_statistics as kbit.quantize_4bit). tile: repack the weight for the matmul
+        when its in_features is a multiple of 32 (kbit.tile: the same bits for kbit; for
+        NF4 / FP4 the kbit K = 4 weight with float32 scales that dequantizes to the same
+        values). None: kbit weights always; NF4 / FP4 ones where the layer is bfloat16
+        (an H100 measured them 1.4-1.9x faster to 16 rows of x and 7-16% slower from 64;
+        with float16 x, float32 scales leave the tensor-core GEMM from 16 rows 2-3x
+        slower: bench/RESULTS.md, session 11)."""
         if not isinstance(linear, nn.Linear):
             raise KbitError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
         w = linear.weight
         if format == "kbit":
             q = quantize(w, k=k, absmax=absmax, codebook=codebook)
-            if tile and w.shape[1] % 32 == 0:
-                q = _torch_fields(_tiled.tile(q))
+            tile = True if tile is None else tile
         elif format in ("nf4", "fp4"):
             q = quantize_4bit(w, quant_type=format, blocksize=blocksize,
                               compress_statistics=compress_statistics)
+            tile = w.dtype == torch.bfloat16 if tile is None else tile
         else:
             raise KbitError(f"format must be 'kbit', 'nf4' or 'fp4', got {format!r}")
+        if tile and w.shape[1] % 32 == 0:
+            q = _torch_fields(_tiled.tile(q))
         return cls(q, linear.bias)
 
     @classmethod
