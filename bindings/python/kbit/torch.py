@@ -171,9 +171,9 @@ class QuantizedLinear(nn.Module):
         when its in_features is a multiple of 32 (kbit.tile: the same bits for kbit; for
         NF4 / FP4 the kbit K = 4 weight with float32 scales that dequantizes to the same
         values). None: kbit weights always; NF4 / FP4 ones where the layer is bfloat16
-        (an H100 measured them 1.4-1.9x faster to 16 rows of x and 7-16% slower from 64;
-        with float16 x, float32 scales leave the tensor-core GEMM from 16 rows 2-3x
-        slower: bench/RESULTS.md, session 11)."""
+        (an H100 measured them 1.1-1.9x faster to 16 rows of x and 1-16% slower from 64;
+        with float16 x their float32 scales keep them off the wgmma GEMM, 1.3-2.7x slower
+        from 16 rows on large layers: bench/RESULTS.md, session 11)."""
         if not isinstance(linear, nn.Linear):
             raise KbitError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
         w = linear.weight
