@@ -93,7 +93,8 @@ def _formats() -> dict:
             f[name + "-tiled"] = dict(f[name], tiled=True)
     for qt in ("nf4", "fp4"):
         f[qt] = {"family": "4bit", "quant_type": qt, "blocksize": 64, "block": 64}
-        # the same weight tiled (kbit.tile: kbit K=4, float32 scales a 32-element block)
+        # the same weight tiled (kbit.tile: kbit K=4, a scale a 32-element block, half as
+        # the absmax of fp16 / bf16 weights is a half value)
         f[qt + "-tiled"] = dict(f[qt], tiled=True, block=32)
     for name, (tid, elems, nbytes, _) in GGUF_TYPES.items():
         f[name.lower()] = {"family": "gguf", "ggml": name, "type_id": tid, "block": elems,
@@ -254,8 +255,9 @@ def weight_bytes(fmt: str, n_out: int, k_in: int) -> dict:
         blocks = n // 32
         return {"packed": blocks * spec["k"] * 4, "scales": blocks * _ABSMAX_BYTES[spec["absmax"]]}
     if spec["family"] == "4bit":
-        per = 32 if spec.get("tiled") else spec["blocksize"]
-        return {"packed": n // 2, "scales": 4 * (n // per)}
+        if spec.get("tiled"):
+            return {"packed": n // 2, "scales": 2 * (n // 32)}
+        return {"packed": n // 2, "scales": 4 * (n // spec["blocksize"])}
     return {"packed": n // spec["block"] * spec["block_bytes"], "scales": 0}
 
 

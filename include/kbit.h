@@ -398,19 +398,22 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
 
 /*! The n codes of a 4-bit weight in bitsandbytes' layout (NF4 or FP4; packed and float32
  *  absmax as cquantize_nf4_* writes them, a nested state expanded first with
- *  kbit_nf4_dequantize_absmax) as a kbit K = 4 weight with float32 scales (section 1 of the
- *  format): kbit_packed gets kbit_packed_words(n, 4) words (block b's bit planes, codes
- *  past n zero), kbit_absmax ceil(n / 32) floats (each 32-element block the absmax of the
- *  4-bit block that holds it). With the format's 16-entry table as the codebook and
- *  tensor_scale 1 it dequantizes to exactly the same float32 values, and kbit_tile then
+ *  kbit_nf4_dequantize_absmax) as a kbit K = 4 weight (section 1 of the format):
+ *  kbit_packed gets kbit_packed_words(n, 4) words (block b's bit planes, codes past n
+ *  zero), kbit_absmax kbit_absmax_bytes(n, absmax_format) bytes: each 32-element block the
+ *  absmax of the 4-bit block that holds it, as float32 (KBIT_ABSMAX_FP32) or rounded to
+ *  half (KBIT_ABSMAX_FP16). With the format's 16-entry table as the codebook and
+ *  tensor_scale 1 it dequantizes to exactly the same float32 values (with FP16: where
+ *  every absmax is a half value, as the absmax of float16 weights is), and kbit_tile then
  *  repacks it for kbit_matmul_kbit_tiled. Asynchronous on `stream`.
  *  @return a status; nothing is written on bad input. */
 KBIT_API kbit_status kbit_nf4_to_kbit(const uint8_t *packed, const float *absmax, int64_t n,
-                                      int blocksize, uint32_t *kbit_packed, float *kbit_absmax,
+                                      int blocksize, kbit_absmax_format absmax_format,
+                                      uint32_t *kbit_packed, void *kbit_absmax,
                                       kbit_stream_t stream);
 KBIT_API kbit_status kbit_nf4_to_kbit_host(const uint8_t *packed, const float *absmax, int64_t n,
-                                           int blocksize, uint32_t *kbit_packed,
-                                           float *kbit_absmax);
+                                           int blocksize, kbit_absmax_format absmax_format,
+                                           uint32_t *kbit_packed, void *kbit_absmax);
 
 /* ---------------------------------------------------------------------------------
  * GGUF (ggml) blocks (SPEC section 3): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K exactly as ggml

@@ -106,24 +106,29 @@ def test_bad_arguments_write_nothing(rng):
         kbit.tile(kbit.quantize(np.ones((4, 40), np.float32), k=4))  # k_in not a multiple of 32
 
 
-# (quant type, blocksize, nested, shape): 32- to 256-element 4-bit blocks (one to eight
-# 32-element kbit blocks each), nested scales, rows that end inside a 4-bit block
-FOUR_BIT = (("nf4", 64, False, (33, 96)), ("fp4", 32, False, (7, 64)),
-            ("nf4", 256, True, (5, 160)), ("fp4", 128, True, (17, 224)))
+# (quant type, blocksize, nested, shape, weights' dtype): 32- to 256-element 4-bit blocks
+# (one to eight 32-element kbit blocks each), nested scales, rows that end inside a 4-bit
+# block; float16 weights (absmax values are half values) and float32 ones
+FOUR_BIT = (("nf4", 64, False, (33, 96), "float16"), ("fp4", 32, False, (7, 64), "float32"),
+            ("nf4", 256, True, (5, 160), "float32"), ("fp4", 128, True, (17, 224), "float16"))
 
 
-@pytest.mark.parametrize("quant_type, blocksize, nested, shape", FOUR_BIT)
-def test_4bit_tiles_to_the_same_values(rng, quant_type, blocksize, nested, shape):
+@pytest.mark.parametrize("quant_type, blocksize, nested, shape, wtype", FOUR_BIT)
+def test_4bit_tiles_to_the_same_values(rng, quant_type, blocksize, nested, shape, wtype):
     """kbit.tile of an NF4 / FP4 weight (kbit.tiled.from_4bit: the kbit K = 4 weight with
-    float32 scales and the format's table as codebook) dequantizes to the 4-bit weight's
+    the format's table as codebook and half scales where the absmax values are half
+    values, as for float16 weights, else float32 ones) dequantizes to the 4-bit weight's
     float32 values exactly, untiles to those codes and scales, and its matmul is within
     the bounds of those values (as the 4-bit one, where its rows hold whole blocks)."""
-    w = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    w = (rng.standard_normal(shape) * 0.05).astype(wtype)
     q4 = kbit.quantize_4bit(w, quant_type, blocksize, compress_statistics=nested)
     want = kbit.dequantize_4bit(q4, dtype="float32")
+    half = wtype == "float16" and not nested  # nested scales come back as any float32
     q = kbit.tiled.from_4bit(q4)
-    assert (q.k, q.absmax_format, q.tensor_scale) == (4, "fp32", 1.0)
+    assert (q.k, q.absmax_format, q.tensor_scale) == (4, "fp16" if half else "fp32", 1.0)
     assert np.array_equal(kbit.dequantize(q, dtype="float32"), want)
+    wide = kbit.tiled.from_4bit(q4, absmax="fp32")
+    assert np.array_equal(kbit.dequantize(wide, dtype="float32"), want)
     t = kbit.tile(q4)
     assert isinstance(t, kbit.TiledTensor)
     back = kbit.untile(t)
@@ -147,7 +152,7 @@ def test_4bit_to_kbit_codes_and_bad_arguments(rng):
     words = np.zeros(12, np.uint32)
     scales = np.zeros(3, np.float32)
     fn = function("kbit_nf4_to_kbit_host")
-    assert fn(packed.ctypes.data, absmax.ctypes.data, n, bs, words.ctypes.data,
+    assert fn(packed.ctypes.data, absmax.ctypes.data, n, bs, FORMATS["fp32"], words.ctypes.data,
               scales.ctypes.data) == S_OK
     padded = np.concatenate([codes, np.zeros(26, np.uint8)]).reshape(3, 32)
     for b in range(3):
@@ -155,14 +160,21 @@ def test_4bit_to_kbit_codes_and_bad_arguments(rng):
             bits = (padded[b] >> j) & 1
             assert words[4 * b + j] == int(sum(int(v) << i for i, v in enumerate(bits)))
     assert list(scales) == [0.5, 0.5, 2.0]
+    halves = np.zeros(3, np.float16)
+    assert fn(packed.ctypes.data, absmax.ctypes.data, n, bs, FORMATS["fp16"], words.ctypes.data,
+              halves.ctypes.data) == S_OK
+    assert list(halves) == [0.5, 0.5, 2.0]
     words[:] = 7
     off = aligned_bytes(4 * 12 + 4, offset=2)
-    for args, status in (((n, 48, words.ctypes.data), S_INVALID),
-                         ((-1, bs, words.ctypes.data), S_INVALID),
-                         ((n, bs, None), S_NULL),
-                         ((n, bs, off.ctypes.data), S_MISALIGNED)):
-        m, b, out = args
-        assert fn(packed.ctypes.data, absmax.ctypes.data, m, b, out, scales.ctypes.data) == status
+    odd = aligned_bytes(8, offset=1)
+    for args, status in (((n, 48, FORMATS["fp32"], words.ctypes.data, scales), S_INVALID),
+                         ((-1, bs, FORMATS["fp32"], words.ctypes.data, scales), S_INVALID),
+                         ((n, bs, FORMATS["e4m4"], words.ctypes.data, scales), S_INVALID),
+                         ((n, bs, FORMATS["fp32"], None, scales), S_NULL),
+                         ((n, bs, FORMATS["fp32"], off.ctypes.data, scales), S_MISALIGNED),
+                         ((n, bs, FORMATS["fp16"], words.ctypes.data, odd), S_MISALIGNED)):
+        m, b, fmt, out, sc = args
+        assert fn(packed.ctypes.data, absmax.ctypes.data, m, b, fmt, out, sc.ctypes.data) == status
     assert np.all(words == 7)
     with pytest.raises(kbit.KbitError):
         kbit.tile(kbit.quantize_4bit(np.ones((4, 48), np.float32), "nf4", 32))  # 48 % 32
@@ -203,12 +215,12 @@ def test_gpu_tile_and_matmul(rng, k, dtype):
 
 
 @requires_gpu
-@pytest.mark.parametrize("quant_type, blocksize, nested, shape", FOUR_BIT)
-def test_gpu_4bit_tiles_as_the_host(rng, quant_type, blocksize, nested, shape):
+@pytest.mark.parametrize("quant_type, blocksize, nested, shape, wtype", FOUR_BIT)
+def test_gpu_4bit_tiles_as_the_host(rng, quant_type, blocksize, nested, shape, wtype):
     """kbit.tile of an NF4 / FP4 weight on the GPU: the same bytes as on the host, and its
     matmul (the GEMV and the GEMM) within the bounds of the 4-bit weight's values."""
     import torch
-    w = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    w = (rng.standard_normal(shape) * 0.05).astype(wtype)
     q4 = kbit.quantize_4bit(w, quant_type, blocksize, compress_statistics=nested)
     t_host = kbit.tile(q4)
     q4_gpu = kbit.quantize_4bit(torch.from_numpy(w).cuda(), quant_type, blocksize,

@@ -65,7 +65,7 @@
 #define KBIT_PARAMS_BNB4_DYNAMIC_MAP(P0, P) P0(float *, code)
 #define KBIT_PARAMS_BNB4_TO_KBIT(P0, P) \
     P0(const uint8_t *, packed) P(const float *, absmax) P(int64_t, n) P(int, blocksize) \
-    P(uint32_t *, kbit_packed) P(float *, kbit_absmax)
+    P(kbit_absmax_format, absmax_format) P(uint32_t *, kbit_packed) P(void *, kbit_absmax)
 
 #define KBIT_PARAMS_GGUF_DEQUANTIZE(P0, P) P0(const void *, blocks) P(int64_t, n) P(void *, output)
 #define KBIT_PARAMS_GGUF_DEQUANTIZE_ANY(P0, P) \

@@ -278,23 +278,30 @@ inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, 
 }
 
 // kbit_nf4_to_kbit: the 4-bit codes of bitsandbytes' layout (NF4 or FP4 alike) as a kbit
-// K = 4 weight with float32 scales (SPEC section 1): 32-element block b's bit planes from
-// its 16 bytes (first element of a pair in the high nibble; codes past n are 0) and its
-// scale the absmax of the 4-bit block that holds it (blocksizes are multiples of 32), so
-// that with the format's table as the codebook it dequantizes to the same float32 values.
+// K = 4 weight (SPEC section 1): 32-element block b's bit planes from its 16 bytes (first
+// element of a pair in the high nibble; codes past n are 0) and its scale the absmax of the
+// 4-bit block that holds it (blocksizes are multiples of 32), as float32 or rounded to half
+// (absmax_format FP32 / FP16), so that with the format's table as the codebook it
+// dequantizes to the same float32 values (with FP16, where every absmax is a half value).
 inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
-                                 const uint32_t *kbit_packed, const float *kbit_absmax) {
+                                 kbit_absmax_format fmt, const uint32_t *kbit_packed,
+                                 const void *kbit_absmax) {
     KBIT_TRY(check_n(n, 1));
     KBIT_TRY(check_blocksize(bs));
+    if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
+                    static_cast<int>(fmt));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(packed, "packed", 1));
     KBIT_TRY(check_ptr(absmax, "absmax", 4));
     KBIT_TRY(check_ptr(kbit_packed, "kbit_packed", 4));
-    KBIT_TRY(check_ptr(kbit_absmax, "kbit_absmax", 4));
+    KBIT_TRY(check_ptr(kbit_absmax, "kbit_absmax", fmt == KBIT_ABSMAX_FP32 ? 4 : 2));
     return KBIT_SUCCESS;
 }
 KBIT_HD void block_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
-                           int64_t b, uint32_t *kbit_packed, float *kbit_absmax) {
+                           kbit_absmax_format fmt, int64_t b, uint32_t *kbit_packed,
+                           void *kbit_absmax) {
     const int64_t e0 = b * 32;
     const int count = n - e0 < 32 ? static_cast<int>(n - e0) : 32;
     uint32_t planes[4] = {0, 0, 0, 0};
@@ -304,7 +311,9 @@ KBIT_HD void block_to_kbit(const uint8_t *packed, const float *absmax, int64_t n
         for (int j = 0; j < 4; ++j) planes[j] |= ((c >> j) & 1u) << i;
     }
     for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
-    kbit_absmax[b] = absmax[e0 / bs];
+    const float scale = absmax[e0 / bs];
+    if (fmt == KBIT_ABSMAX_FP32) static_cast<float *>(kbit_absmax)[b] = scale;
+    else static_cast<uint16_t *>(kbit_absmax)[b] = f32_to_f16_bits(scale);
 }
 
 // Second-level absmax arguments (code may be NULL: the built-in dynamic map).

@@ -185,10 +185,10 @@ kbit_status dequantize_absmax_host(const uint8_t *qabsmax, const float *absmax2,
 }
 
 kbit_status to_kbit_host(const uint8_t *packed, const float *absmax, int64_t n, int blocksize,
-                         uint32_t *kbit_packed, float *kbit_absmax) {
-    KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, kbit_packed, kbit_absmax));
+                         kbit_absmax_format fmt, uint32_t *kbit_packed, void *kbit_absmax) {
+    KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
     for (int64_t b = 0; b < (n + 31) / 32; ++b)
-        block_to_kbit(packed, absmax, n, blocksize, b, kbit_packed, kbit_absmax);
+        block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
     return KBIT_SUCCESS;
 }
 

@@ -764,11 +764,12 @@ cudaError_t launch_dequantize_absmax(const uint8_t *qabsmax, const float *absmax
 
 __global__ void __launch_bounds__(kThreads)
 to_kbit_kernel(const uint8_t *__restrict__ packed, const float *__restrict__ absmax, int64_t n,
-               int blocksize, uint32_t *__restrict__ kbit_packed, float *__restrict__ kbit_absmax) {
+               int blocksize, kbit_absmax_format fmt, uint32_t *__restrict__ kbit_packed,
+               void *__restrict__ kbit_absmax) {
     const int64_t blocks = (n + 31) / 32, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
          b += stride)
-        block_to_kbit(packed, absmax, n, blocksize, b, kbit_packed, kbit_absmax);
+        block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
 }
 
 cudaError_t launch_absmax_mean(const float *absmax, int64_t count, float *mean,
@@ -841,14 +842,15 @@ kbit_status dequantize_absmax(const uint8_t *qabsmax, const float *absmax2, cons
 }
 
 kbit_status to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int blocksize,
-                    uint32_t *kbit_packed, float *kbit_absmax, kbit_stream_t stream) {
-    KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, kbit_packed, kbit_absmax));
+                    kbit_absmax_format fmt, uint32_t *kbit_packed, void *kbit_absmax,
+                    kbit_stream_t stream) {
+    KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
     if (n == 0) return KBIT_SUCCESS;
     int grid = 0;
     cudaError_t err = grid_for(((n + 31) / 32 + kThreads - 1) / kThreads, kPerSm, &grid);
     if (err == cudaSuccess) {
-        to_kbit_kernel<<<grid, kThreads, 0, stream>>>(packed, absmax, n, blocksize, kbit_packed,
-                                                      kbit_absmax);
+        to_kbit_kernel<<<grid, kThreads, 0, stream>>>(packed, absmax, n, blocksize, fmt,
+                                                      kbit_packed, kbit_absmax);
         err = launch_error();
     }
     return cuda_status(err, "kbit_nf4_to_kbit");

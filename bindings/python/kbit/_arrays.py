@@ -282,6 +282,19 @@ def _upload_with(framework: str, host: np.ndarray, device_id: int):
     raise KbitError(f"cannot allocate device arrays with {framework}")
 
 
+def to_host(obj) -> np.ndarray | None:
+    """A copy of a device array of PyTorch or CuPy on the host (a host array as it is);
+    None for other frameworks' device arrays."""
+    if device_view(obj) is None:
+        return host_array(obj)
+    framework = _framework(obj)
+    if framework == "torch":
+        return obj.detach().cpu().numpy()
+    if framework == "cupy":
+        return obj.get()
+    return None
+
+
 def host_dtype(dtype: str) -> str:
     """The numpy dtype that holds `dtype` on the host (bfloat16: uint16 bit patterns)."""
     return "uint16" if dtype == "bfloat16" else dtype

@@ -75,7 +75,7 @@ for _f in BNB4_FORMATS:
 _launch("kbit_nf4_absmax_mean", (_P, _I64, _P))
 _launch("kbit_nf4_quantize_absmax", (_P, _I64, _P, _P, _P, _P))
 _launch("kbit_nf4_dequantize_absmax", (_P, _P, _P, _P, _I64, _P))
-_launch("kbit_nf4_to_kbit", (_P, _P, _I64, _INT, _P, _P))
+_launch("kbit_nf4_to_kbit", (_P, _P, _I64, _INT, _INT, _P, _P))
 
 # GGUF blocks
 _add("kbit_gguf_block_info", (_INT, ctypes.POINTER(_I64), ctypes.POINTER(_I64)))

@@ -6,8 +6,9 @@
     >>> q2 = kbit.untile(t)              # q's bytes back, exactly
 
 An NF4 / FP4 weight tiles too: kbit.tile(kbit.quantize_nf4(w)) is the kbit K = 4 weight
-with float32 scales and the format's 16-entry table as codebook that dequantizes to the
-same float32 values (kbit_nf4_to_kbit), tiled; kbit.untile gives that kbit weight.
+with the format's 16-entry table as codebook and w's scales (half where they are half
+values, else float32) that dequantizes to the same float32 values (from_4bit,
+kbit_nf4_to_kbit), tiled; kbit.untile gives that kbit weight.
 
 The layout is written out in csrc/formats/kbit_tiled.h (rows in tiles of 16, blocks in
 groups of 4, zero padding to whole tiles). The arrays live where q lives; tile and untile
@@ -80,23 +81,40 @@ def _checked(t, cls, what: str):
     return shape
 
 
-def from_4bit(w: Quantized4bit) -> QuantizedTensor:
-    """The kbit K = 4 weight (float32 scales, the NF4 or FP4 table as codebook,
-    tensor_scale 1) that dequantizes exactly as the 4-bit weight w does: its codes and
-    scales as they are (kbit_nf4_to_kbit), where w lives."""
+def from_4bit(w: Quantized4bit, absmax: str | None = None) -> QuantizedTensor:
+    """The kbit K = 4 weight (the NF4 or FP4 table as codebook, tensor_scale 1) that
+    dequantizes exactly as the 4-bit weight w does: its codes and scales as they are
+    (kbit_nf4_to_kbit), where w lives. absmax: the scales' format, 'fp16' (4.5 bits a
+    weight, as w's own; exact where every scale is a half value, as the absmax of float16
+    weights is) or 'fp32' (5 bits); None: 'fp16' where that is exact, else 'fp32'."""
     if not isinstance(w, Quantized4bit):
         raise KbitError(f"from_4bit takes a kbit.Quantized4bit, got {type(w).__name__}")
+    if absmax not in (None, "fp16", "fp32"):
+        raise KbitError(f"absmax must be 'fp16', 'fp32' or None, got {absmax!r}")
     place = _arrays.place_of(w.packed, "packed")
     n = w.n
-    words, entries = _kbit._sizes(n, 4, "fp32")
-    packed_out = place.empty((words,), "uint32")
-    absmax_out = place.empty((entries,), "float32")
     with place.active():
-        packed, absmax, _keep = _bnb4.float32_state(w, place, place)
-        place.call("kbit_nf4_to_kbit", packed, absmax, n, w.blocksize, place.ptr(packed_out),
-                   place.ptr(absmax_out))
-    return QuantizedTensor(packed_out, absmax_out, 4, tuple(w.shape), w.dtype, "fp32", 1.0,
+        packed, scales, (views, expanded) = _bnb4.float32_state(w, place, place)
+        if absmax is None:
+            absmax = "fp16" if _half_values(expanded if expanded is not None
+                                            else views["absmax"].owner) else "fp32"
+        words, entries = _kbit._sizes(n, 4, absmax)
+        packed_out = place.empty((words,), "uint32")
+        absmax_out = place.empty((entries,), _kbit._ABSMAX_NP[absmax])
+        place.call("kbit_nf4_to_kbit", packed, scales, n, w.blocksize, _kbit._FORMAT_ID[absmax],
+                   place.ptr(packed_out), place.ptr(absmax_out))
+    return QuantizedTensor(packed_out, absmax_out, 4, tuple(w.shape), w.dtype, absmax, 1.0,
                            _ref_nf4.table(w.quant_type).copy())
+
+
+def _half_values(scales) -> bool:
+    """Whether every float32 scale is a half value (False where they cannot be read)."""
+    host = _arrays.to_host(scales)
+    if host is None:
+        return False
+    host = np.asarray(host, dtype=np.float32).reshape(-1)
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(host.astype(np.float16).astype(np.float32), host))
 
 
 def tile(q) -> TiledTensor:

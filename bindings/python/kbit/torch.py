@@ -170,10 +170,10 @@ class QuantizedLinear(nn.Module):
         compress_statistics as kbit.quantize_4bit). tile: repack the weight for the matmul
         when its in_features is a multiple of 32 (kbit.tile: the same bits for kbit; for
         NF4 / FP4 the kbit K = 4 weight with float32 scales that dequantizes to the same
-        values). None: kbit weights always; NF4 / FP4 ones where the layer is bfloat16
-        (an H100 measured them 1.1-1.9x faster to 16 rows of x and 1-16% slower from 64;
-        with float16 x their float32 scales keep them off the wgmma GEMM, 1.3-2.7x slower
-        from 16 rows on large layers: bench/RESULTS.md, session 11)."""
+        values, half scales where the absmax values are half values). None: kbit weights
+        always; NF4 / FP4 ones where the layer is float16 or bfloat16 (an H100 measured
+        them 1.2-2.1x faster to 32 rows of x, 4-20% slower at 64 to 256 rows:
+        bench/RESULTS.md, session 11)."""
         if not isinstance(linear, nn.Linear):
             raise KbitError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
         w = linear.weight
@@ -183,7 +183,7 @@ class QuantizedLinear(nn.Module):
         elif format in ("nf4", "fp4"):
             q = quantize_4bit(w, quant_type=format, blocksize=blocksize,
                               compress_statistics=compress_statistics)
-            tile = w.dtype == torch.bfloat16 if tile is None else tile
+            tile = w.dtype in (torch.float16, torch.bfloat16) if tile is None else tile
         else:
             raise KbitError(f"format must be 'kbit', 'nf4' or 'fp4', got {format!r}")
         if tile and w.shape[1] % 32 == 0:
