@@ -404,8 +404,10 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
  *  absmax of the 4-bit block that holds it, as float32 (KBIT_ABSMAX_FP32) or rounded to
  *  half (KBIT_ABSMAX_FP16). With the format's 16-entry table as the codebook and
  *  tensor_scale 1 it dequantizes to exactly the same float32 values (with FP16: where
- *  every absmax is a half value, as the absmax of float16 weights is), and kbit_tile then
- *  repacks it for kbit_matmul_kbit_tiled. Asynchronous on `stream`.
+ *  every absmax is a half value, as the absmax of float16 weights is; a finite absmax
+ *  beyond 65504 is KBIT_ERROR_RANGE on the host and inf on the GPU, whose dequantized
+ *  values are then inf or NaN, never clipped), and kbit_tile then repacks it for
+ *  kbit_matmul_kbit_tiled. Asynchronous on `stream`.
  *  @return a status; nothing is written on bad input. */
 KBIT_API kbit_status kbit_nf4_to_kbit(const uint8_t *packed, const float *absmax, int64_t n,
                                       int blocksize, kbit_absmax_format absmax_format,

@@ -263,6 +263,13 @@ add(Func("kbit_nf4_absmax_mean_host",
          [Ptr("absmax", "in", 4, lambda p: p["n_alloc"] * 4, fill=random_floats),
           N(lambda p: 4), Ptr("mean", "out", 4, lambda p: 4)]))
 add(Func("kbit_nf4_dynamic_map_host", [Ptr("code", "out", 4, lambda p: 1024, need="always")]))
+add(Func("kbit_nf4_to_kbit_host",
+         [Ptr("packed", "in", 1, lambda p: (p["n_alloc"] + 1) // 2, fill=random_bytes),
+          Ptr("absmax", "in", 4, lambda p: nf4_blocks(p) * 4, fill=random_floats),
+          N(lambda p: 2), Enum("bs", BLOCKSIZES, BAD_BLOCKSIZES),
+          Enum("fmt", (0, 1), (2,) + BAD_ENUMS),
+          Ptr("kbit_packed", "out", 4, lambda p: blocks32(p) * 16),
+          Ptr("kbit_absmax", "out", 2, lambda p: blocks32(p) * 4)], ok=(OK, RANGE)))
 for gid, q in GGML_NAME.items():
     for t in TYPES:
         add(Func(f"cdequantize_{q}_{t}_host", gguf_specs(False), extra=gguf_extra),
@@ -618,6 +625,8 @@ def test_gpu_entries_validate_before_touching_the_device():
          (X, 64, None, X, O, O + 256, None), (X, 64, None, X, O, None, None)),
         ("kbit_nf4_dequantize_absmax", [P, P, P, P, I64, P, P],
          (X, X, None, X, 64, O, None), (X, X, None, X, -1, O, None)),
+        ("kbit_nf4_to_kbit", [P, P, I64, INT, INT, P, P, P],
+         (X, X, 64, 64, 0, O, O + 64, None), (X, X, 64, 48, 0, O, O + 64, None)),
         ("cdequantize_q5_K_fp16", [P, I64, P, P], (X, 256, O, None), (X, 255, O, None)),
         ("kbit_gguf_dequantize", [INT, P, I64, INT, P, P],
          (8, X, 64, 2, O, None), (9, X, 64, 2, O, None)),

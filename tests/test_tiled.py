@@ -15,6 +15,7 @@ from test_matmul import (DT_ID, TOL, as_f64, check_accuracy, cuda_x, from_cuda, 
 FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
 SHAPES = ((1, 32), (7, 96), (17, 160), (33, 4096), (131, 128))
 S_OK, S_INVALID, S_NULL, S_MISALIGNED = 0, 1, 2, 3
+S_RANGE = int(kbit._lib.status_code("KBIT_ERROR_RANGE"))
 
 
 def aligned_bytes(nbytes, fill=0xA5, offset=0):
@@ -143,18 +144,20 @@ def test_4bit_tiles_to_the_same_values(rng, quant_type, blocksize, nested, shape
 
 def test_4bit_to_kbit_codes_and_bad_arguments(rng):
     """kbit_nf4_to_kbit_host: a block's bit planes hold its codes (the first element of a
-    byte in the high nibble), codes past n are zero, each 32-element block takes its 4-bit
-    block's absmax; bad arguments get a status and nothing written."""
-    n, bs = 70, 64  # two 4-bit blocks, three kbit blocks (the last of 6 elements)
+    byte in the high nibble; odd n), codes past n are zero, each 32-element block takes its
+    4-bit block's absmax (as float32 or half); bad arguments and scales beyond half's range
+    get a status and nothing written; from_4bit refuses half scales that are not exact."""
+    n, bs = 71, 64  # two 4-bit blocks, three kbit blocks (the last of 7 elements)
     codes = rng.integers(0, 16, n).astype(np.uint8)
-    packed = ((codes[0::2] << 4) | codes[1::2]).astype(np.uint8)
+    even = np.concatenate([codes, np.zeros(1, np.uint8)])  # the odd element's pair: code 0
+    packed = ((even[0::2] << 4) | even[1::2]).astype(np.uint8)
     absmax = np.array([0.5, 2.0], np.float32)
     words = np.zeros(12, np.uint32)
     scales = np.zeros(3, np.float32)
     fn = function("kbit_nf4_to_kbit_host")
     assert fn(packed.ctypes.data, absmax.ctypes.data, n, bs, FORMATS["fp32"], words.ctypes.data,
               scales.ctypes.data) == S_OK
-    padded = np.concatenate([codes, np.zeros(26, np.uint8)]).reshape(3, 32)
+    padded = np.concatenate([codes, np.zeros(25, np.uint8)]).reshape(3, 32)
     for b in range(3):
         for j in range(4):
             bits = (padded[b] >> j) & 1
@@ -165,8 +168,13 @@ def test_4bit_to_kbit_codes_and_bad_arguments(rng):
               halves.ctypes.data) == S_OK
     assert list(halves) == [0.5, 0.5, 2.0]
     words[:] = 7
+    scales[:] = 7
+    halves[:] = 7
     off = aligned_bytes(4 * 12 + 4, offset=2)
     odd = aligned_bytes(8, offset=1)
+    big = np.array([0.5, 70000.0], np.float32)  # beyond half's range: refused, not inf
+    assert fn(packed.ctypes.data, big.ctypes.data, n, bs, FORMATS["fp16"], words.ctypes.data,
+              halves.ctypes.data) == S_RANGE
     for args, status in (((n, 48, FORMATS["fp32"], words.ctypes.data, scales), S_INVALID),
                          ((-1, bs, FORMATS["fp32"], words.ctypes.data, scales), S_INVALID),
                          ((n, bs, FORMATS["e4m4"], words.ctypes.data, scales), S_INVALID),
@@ -175,7 +183,11 @@ def test_4bit_to_kbit_codes_and_bad_arguments(rng):
                          ((n, bs, FORMATS["fp16"], words.ctypes.data, odd), S_MISALIGNED)):
         m, b, fmt, out, sc = args
         assert fn(packed.ctypes.data, absmax.ctypes.data, m, b, fmt, out, sc.ctypes.data) == status
-    assert np.all(words == 7)
+    assert np.all(words == 7) and np.all(scales == 7) and np.all(halves == 7)
+    q4 = kbit.quantize_4bit(np.full((2, 64), 1e5, np.float32), "nf4", 64)
+    with pytest.raises(kbit.KbitError, match="half values"):
+        kbit.tiled.from_4bit(q4, absmax="fp16")
+    assert kbit.tiled.from_4bit(q4).absmax_format == "fp32"
     with pytest.raises(kbit.KbitError):
         kbit.tile(kbit.quantize_4bit(np.ones((4, 48), np.float32), "nf4", 32))  # 48 % 32
 

@@ -282,11 +282,14 @@ inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, 
 // element of a pair in the high nibble; codes past n are 0) and its scale the absmax of the
 // 4-bit block that holds it (blocksizes are multiples of 32), as float32 or rounded to half
 // (absmax_format FP32 / FP16), so that with the format's table as the codebook it
-// dequantizes to the same float32 values (with FP16, where every absmax is a half value).
+// dequantizes to the same float32 values (with FP16, where every absmax is a half value;
+// the host refuses a finite absmax beyond half's range with KBIT_ERROR_RANGE, the GPU
+// writes it as inf, which dequantizes to inf or NaN, never to a clipped value).
+KBIT_HD int64_t kbit_blocks_of(int64_t n) { return n / 32 + (n % 32 != 0); }
 inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
                                  kbit_absmax_format fmt, const uint32_t *kbit_packed,
                                  const void *kbit_absmax) {
-    KBIT_TRY(check_n(n, 1));
+    KBIT_TRY(check_n(n, 2));  // (to 2^62 elements, as the 16-bit entries)
     KBIT_TRY(check_blocksize(bs));
     if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
         return fail(KBIT_ERROR_INVALID_ARGUMENT,

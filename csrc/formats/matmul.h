@@ -200,14 +200,18 @@ inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // slower, also from kStream90MinWeights weights (NF4 4096x14336 m = 16: 37 against 46
 // us; 4096x4096: 22 against 20; H200, bench/RESULTS.md session 9). From m = 17 it takes
 // every weight.
+// Stored kbit and NF4 / FP4 on those weights from m = kStream90StoredMinM: their staged
+// GEMV at m = 8 measured slower than this GEMM (H100, session 11: NF4 8192x28672 137 us
+// against 117 at m = 9).
 constexpr int64_t kStream90MinRows = 8192;
 constexpr int64_t kStream90MinWeights = int64_t{1} << 25;
+constexpr int64_t kStream90StoredMinM = 5;
 inline int64_t stream90_min_m(int64_t n_out, int64_t k_in, bool tiled) {
     const bool big = n_out >= kStream90MinRows || (!tiled && n_out * k_in >= kStream90MinWeights);
-    return big ? kGemmMinM : kGemm90MinM;
+    return big ? (tiled ? kGemmMinM : kStream90StoredMinM) : kGemm90MinM;
 }
 inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
-    if (m < kGemmMinM || m > kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
+    if (m < kStream90StoredMinM || m > kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
     return plan_for(stream90_bm(m), 132 * ctas, m, k_in, n_out);
 }
 
@@ -215,8 +219,11 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
-                          stream90_plan(m, k_in, n_out, 1).workspace,
-                          stream90_plan(m, k_in, n_out, 2).workspace};
+                          // below kGemmMinM only where stored weights take it
+                          m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false)
+                              ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
+                          m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false)
+                              ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;
     for (int64_t w : ws) most = w > most ? w : most;
     return most;

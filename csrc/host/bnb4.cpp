@@ -187,7 +187,16 @@ kbit_status dequantize_absmax_host(const uint8_t *qabsmax, const float *absmax2,
 kbit_status to_kbit_host(const uint8_t *packed, const float *absmax, int64_t n, int blocksize,
                          kbit_absmax_format fmt, uint32_t *kbit_packed, void *kbit_absmax) {
     KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
-    for (int64_t b = 0; b < (n + 31) / 32; ++b)
+    const int64_t blocks = kbit_blocks_of(n);
+    if (fmt == KBIT_ABSMAX_FP16) {  // nothing written if a scale is beyond half's range
+        const int64_t scales = (n - 1) / blocksize + 1;
+        for (int64_t i = 0; i < scales && n > 0; ++i)
+            if (std::isfinite(absmax[i]) && std::fabs(absmax[i]) > 65504.0f)
+                return fail(KBIT_ERROR_RANGE,
+                            "absmax[%lld] = %g is beyond half's range; use KBIT_ABSMAX_FP32",
+                            static_cast<long long>(i), static_cast<double>(absmax[i]));
+    }
+    for (int64_t b = 0; b < blocks; ++b)
         block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
     return KBIT_SUCCESS;
 }

@@ -766,7 +766,7 @@ __global__ void __launch_bounds__(kThreads)
 to_kbit_kernel(const uint8_t *__restrict__ packed, const float *__restrict__ absmax, int64_t n,
                int blocksize, kbit_absmax_format fmt, uint32_t *__restrict__ kbit_packed,
                void *__restrict__ kbit_absmax) {
-    const int64_t blocks = (n + 31) / 32, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t blocks = kbit_blocks_of(n), stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
          b += stride)
         block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
@@ -847,7 +847,7 @@ kbit_status to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int b
     KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
     if (n == 0) return KBIT_SUCCESS;
     int grid = 0;
-    cudaError_t err = grid_for(((n + 31) / 32 + kThreads - 1) / kThreads, kPerSm, &grid);
+    cudaError_t err = grid_for(kbit_blocks_of(n) / kThreads + 1, kPerSm, &grid);
     if (err == cudaSuccess) {
         to_kbit_kernel<<<grid, kThreads, 0, stream>>>(packed, absmax, n, blocksize, fmt,
                                                       kbit_packed, kbit_absmax);

@@ -22,7 +22,7 @@ from ._quantized import QuantizedBase
 from ._lib import KbitError, call, size
 
 __all__ = ["Quantized4bit", "quantize_4bit", "dequantize_4bit", "quantize_nf4",
-           "dequantize_nf4", "quantize_fp4", "dequantize_fp4", "dynamic_map"]
+           "dequantize_nf4", "quantize_fp4", "dequantize_fp4", "dynamic_map", "table"]
 
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DQ_BLOCKSIZE = 256
@@ -91,6 +91,18 @@ def dynamic_map() -> np.ndarray:
     code = np.empty(256, dtype=np.float32)
     call("kbit_nf4_dynamic_map_host", code.ctypes.data)
     return code
+
+
+def table(quant_type: str) -> np.ndarray:
+    """The 16 float32 values of the 'nf4' or 'fp4' codes, indexed by code, as the library
+    dequantizes them."""
+    _check_args(quant_type, 64)
+    codes = np.arange(16, dtype=np.uint8)
+    packed = (codes[0::2] << 4) | codes[1::2]
+    values = np.empty(16, dtype=np.float32)
+    call(f"cdequantize_{quant_type}_fp32_host", packed.ctypes.data,
+         np.ones(1, np.float32).ctypes.data, 16, 32, values.ctypes.data)
+    return values
 
 
 def _check_args(quant_type: str, blocksize: int):

@@ -107,9 +107,11 @@ def _workspace(place: _arrays.Place, m: int, k_in: int, n_out: int):
         if buf is None or _arrays.device_view(buf).nbytes < need:
             # allocated and zeroed by the framework, not copied from the host, so that
             # a first call inside a CUDA graph capture works too
-            if buf is not None:
+            size = need
+            if buf is not None:  # doubling: a handful of outgrown buffers at most
                 _outgrown.append(buf)
-            buf = place.empty((need,), "uint8")
+                size = max(need, 2 * _arrays.device_view(buf).nbytes)
+            buf = place.empty((size,), "uint8")
             buf.zero_() if hasattr(buf, "zero_") else buf.fill(0)
             _workspaces[key] = buf
     return place.ptr(buf), need

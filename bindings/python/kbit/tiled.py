@@ -26,7 +26,6 @@ from . import kbit as _kbit
 from ._lib import KbitError, size
 from .bnb4 import Quantized4bit
 from .kbit import QuantizedTensor
-from .reference import nf4 as _ref_nf4
 
 __all__ = ["TiledTensor", "tile", "untile", "from_4bit"]
 
@@ -85,8 +84,10 @@ def from_4bit(w: Quantized4bit, absmax: str | None = None) -> QuantizedTensor:
     """The kbit K = 4 weight (the NF4 or FP4 table as codebook, tensor_scale 1) that
     dequantizes exactly as the 4-bit weight w does: its codes and scales as they are
     (kbit_nf4_to_kbit), where w lives. absmax: the scales' format, 'fp16' (4.5 bits a
-    weight, as w's own; exact where every scale is a half value, as the absmax of float16
-    weights is) or 'fp32' (5 bits); None: 'fp16' where that is exact, else 'fp32'."""
+    weight, as w's own; where every scale is a half value, as the absmax of float16
+    weights is, else KbitError) or 'fp32' (5 bits); None: 'fp16' where it is exact, else
+    'fp32'. Reading the scales synchronises with w's device (not in a CUDA graph capture;
+    pass absmax='fp32' there)."""
     if not isinstance(w, Quantized4bit):
         raise KbitError(f"from_4bit takes a kbit.Quantized4bit, got {type(w).__name__}")
     if absmax not in (None, "fp16", "fp32"):
@@ -95,16 +96,19 @@ def from_4bit(w: Quantized4bit, absmax: str | None = None) -> QuantizedTensor:
     n = w.n
     with place.active():
         packed, scales, (views, expanded) = _bnb4.float32_state(w, place, place)
-        if absmax is None:
-            absmax = "fp16" if _half_values(expanded if expanded is not None
-                                            else views["absmax"].owner) else "fp32"
+        if absmax != "fp32":
+            half = _half_values(expanded if expanded is not None else views["absmax"].owner)
+            if absmax == "fp16" and not half:
+                raise KbitError("absmax='fp16': the 4-bit weight's scales are not all half "
+                                "values (use 'fp32' or None)")
+            absmax = "fp16" if half else "fp32"
         words, entries = _kbit._sizes(n, 4, absmax)
         packed_out = place.empty((words,), "uint32")
         absmax_out = place.empty((entries,), _kbit._ABSMAX_NP[absmax])
         place.call("kbit_nf4_to_kbit", packed, scales, n, w.blocksize, _kbit._FORMAT_ID[absmax],
                    place.ptr(packed_out), place.ptr(absmax_out))
     return QuantizedTensor(packed_out, absmax_out, 4, tuple(w.shape), w.dtype, absmax, 1.0,
-                           _ref_nf4.table(w.quant_type).copy())
+                           _bnb4.table(w.quant_type))
 
 
 def _half_values(scales) -> bool:
@@ -139,7 +143,8 @@ def tile(q) -> TiledTensor:
 
 
 def untile(t: TiledTensor) -> QuantizedTensor:
-    """The stored kbit weight of t, exactly as kbit.quantize made it."""
+    """The stored kbit weight of t, exactly as it was tiled (kbit.quantize's, or
+    from_4bit's for a 4-bit weight)."""
     n_out, k_in = _checked(t, TiledTensor, "untile")
     place = _arrays.place_of(t.packed, "packed")
     pbytes, abytes = _sizes(t.shape, t.k, t.absmax_format)

@@ -171,9 +171,11 @@ class QuantizedLinear(nn.Module):
         when its in_features is a multiple of 32 (kbit.tile: the same bits for kbit; for
         NF4 / FP4 the kbit K = 4 weight with float32 scales that dequantizes to the same
         values, half scales where the absmax values are half values). None: kbit weights
-        always; NF4 / FP4 ones where the layer is float16 or bfloat16 (an H100 measured
-        them 1.2-2.1x faster to 32 rows of x, 4-20% slower at 64 to 256 rows:
-        bench/RESULTS.md, session 11)."""
+        always; NF4 / FP4 ones on a CUDA device of compute capability 9.0 or later where
+        the scales come out half (float16 or bfloat16 layers without
+        compress_statistics): an H100 measured them 1.1-2.1x faster to 32 rows of x, 2-20%
+        slower at 64 to 256 rows (bench/RESULTS.md, session 11). A tiled layer's
+        state_dict holds the kbit weight (format 'kbit_tiled'), not bitsandbytes' bytes."""
         if not isinstance(linear, nn.Linear):
             raise KbitError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
         w = linear.weight
@@ -183,7 +185,9 @@ class QuantizedLinear(nn.Module):
         elif format in ("nf4", "fp4"):
             q = quantize_4bit(w, quant_type=format, blocksize=blocksize,
                               compress_statistics=compress_statistics)
-            tile = w.dtype in (torch.float16, torch.bfloat16) if tile is None else tile
+            if tile is None:
+                tile = (w.is_cuda and torch.cuda.get_device_capability(w.device) >= (9, 0)
+                        and w.dtype in (torch.float16, torch.bfloat16) and not compress_statistics)
         else:
             raise KbitError(f"format must be 'kbit', 'nf4' or 'fp4', got {format!r}")
         if tile and w.shape[1] % 32 == 0:
