@@ -571,13 +571,14 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
 @requires_gpu
 @pytest.mark.parametrize("k", KS)
 def test_gpu_kbit_stored_streamed_gemm(rng, k):
-    """Stored kbit at m = 5..64, which on sm_90 the streamed wgmma GEMM reads as
-    kbit_quantize stores it (m = 5..16 from 8192 rows or 2^25 weights; a row's chunk
-    bytes and scales on 16 bytes): every absmax format, a custom codebook and
+    """Stored kbit at m = 8..64, which on sm_90 the streamed wgmma GEMM reads as
+    kbit_quantize stores it (m = 8 from 8192 rows at K >= 4, 9..16 also from 2^25 weights;
+    a row's chunk bytes and scales on 16 bytes; m = 7 the staged GEMV): every absmax
+    format, a custom codebook and
     tensor_scale, rows off the CTA's 128, few tiles (split k), and rows whose scales are
     not on 16 bytes (5 chunks: the wgmma GEMM instead); against the reference and the
     host."""
-    cases = ((8200, 512, "e4m4", False, (5, 7, 9, 16)), (4096, 8192, "fp16", False, (8, 12)),
+    cases = ((8200, 512, "e4m4", False, (7, 8, 9, 16)), (4096, 8192, "fp16", False, (8, 12)),
              (300, 2048, "fp16", True, (17, 40)),
              (131, 1024, "fp32", False, (24, 64)), (77, 4096, "e4m4", True, (33,)),
              (131, 160, "e4m4", False, (20,)))
@@ -594,9 +595,10 @@ def test_gpu_kbit_stored_streamed_gemm(rng, k):
 @requires_gpu
 @pytest.mark.parametrize("family", ["nf4", "fp4"])
 def test_gpu_bnb4_streamed_gemm(rng, family):
-    """NF4 / FP4 at m = 5..64, which on sm_90 the streamed wgmma GEMM reads as
-    bitsandbytes stores them (m = 5..16 from 8192 rows or 2^25 weights): blocksizes 32 to
-    512 (one to four scales a 128-element stage, or one for several stages), nested
+    """NF4 / FP4 at m = 8..64, which on sm_90 the streamed wgmma GEMM reads as
+    bitsandbytes stores them (m = 8 from 8192 rows, 9..16 also from 2^25 weights; m = 5 and
+    6 the staged GEMV): blocksizes 32 to 512 (one to four scales a 128-element stage, or
+    one for several stages), nested
     statistics, rows off the CTA's 128, few tiles (split k), and scale rows that are not a
     multiple of 4 (192 / 64: the wgmma GEMM instead); against the reference and the
     host."""

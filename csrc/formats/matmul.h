@@ -200,15 +200,19 @@ inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // slower, also from kStream90MinWeights weights (NF4 4096x14336 m = 16: 37 against 46
 // us; 4096x4096: 22 against 20; H200, bench/RESULTS.md session 9). From m = 17 it takes
 // every weight.
-// Stored kbit and NF4 / FP4 on those weights from m = kStream90StoredMinM: their staged
-// GEMV at m = 8 measured slower than this GEMM (H100, session 11: NF4 8192x28672 137 us
-// against 117 at m = 9).
+// Stored kbit (K >= 4) and NF4 / FP4 of kStream90MinRows rows or more from m =
+// kStream90StoredMinM too: their staged GEMV measured 10-28% slower there (H100, session
+// 11, m = 8: NF4 8192x28672 138 against 116 us, 28672x8192 161 against 116; K = 4 151 /
+// 170 against 125 / 133; K = 5 183 / 204 against 165 / 165); at m = 5..7, at K = 2 and 3
+// (14336x4096 K = 3: 41 against 47) and on 4096 rows (4096x14336 NF4: 40 against 46) it
+// measured as fast or faster.
 constexpr int64_t kStream90MinRows = 8192;
 constexpr int64_t kStream90MinWeights = int64_t{1} << 25;
-constexpr int64_t kStream90StoredMinM = 5;
-inline int64_t stream90_min_m(int64_t n_out, int64_t k_in, bool tiled) {
-    const bool big = n_out >= kStream90MinRows || (!tiled && n_out * k_in >= kStream90MinWeights);
-    return big ? (tiled ? kGemmMinM : kStream90StoredMinM) : kGemm90MinM;
+constexpr int64_t kStream90StoredMinM = 8;
+inline int64_t stream90_min_m(int64_t n_out, int64_t k_in, bool tiled, int k = 4) {
+    const bool rows = n_out >= kStream90MinRows;
+    if (!rows && (tiled || n_out * k_in < kStream90MinWeights)) return kGemm90MinM;
+    return !tiled && rows && k >= 4 ? kStream90StoredMinM : kGemmMinM;
 }
 inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     if (m < kStream90StoredMinM || m > kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};

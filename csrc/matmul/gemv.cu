@@ -992,12 +992,15 @@ bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *
 // launch status) and returns true, or returns false for the other paths.
 bool is_tiled(const sm90::KbitWeight &w) { return w.tiled; }
 bool is_tiled(const sm90::Bnb4Weight &) { return false; }
+int bits_of(const sm90::KbitWeight &w) { return w.k; }
+int bits_of(const sm90::Bnb4Weight &) { return 4; }
 template <class W>
 bool run_sm90(const W &w, bool fp32_scales, kbit_dtype dtype, const void *x, int64_t m,
               int64_t k_in, int64_t n_out, const void *bias, void *y, void *workspace,
               size_t workspace_bytes, cudaStream_t stream, cudaError_t &err) {
     const int64_t min_m =
-        sm90::streams(w, k_in, n_out) ? stream90_min_m(n_out, k_in, is_tiled(w)) : kGemm90MinM;
+        sm90::streams(w, k_in, n_out) ? stream90_min_m(n_out, k_in, is_tiled(w), bits_of(w))
+                                      : kGemm90MinM;
     if (m < min_m || !sm90::built()) return false;
     if (dtype == KBIT_DTYPE_FP16 && fp32_scales) return false;
     int major = 0;
