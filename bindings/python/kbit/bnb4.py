@@ -191,18 +191,9 @@ def dequantize_4bit(q: Quantized4bit, out=None, dtype=None):
 
     Host results for bfloat16 are uint16 bit patterns. out: an optional preallocated
     output (numpy or device array) of q.n elements."""
-    _check_args(q.quant_type, q.blocksize)
     name = _arrays.float_dtype(dtype) if dtype is not None else q.dtype
-    if q.nested and q.offset is None:
-        raise KbitError("a nested state (absmax2 set) needs its offset")
     place = _arrays.place_of(q.packed, "packed")
-    parts = {"packed": q.packed, "absmax": q.absmax}
-    if q.nested:
-        parts.update(absmax2=q.absmax2, offset=q.offset)
-        if q.code is not None:
-            parts["code"] = q.code
-    views = {key: _field(place, key, arr, q.nested) for key, arr in parts.items()}
-    _check_state(q, {key: v.nbytes for key, v in views.items()})
+    views = _views(q, place)
     out, out_ptr = place.output(out, q.shape, name)
     tag = _arrays.C_TYPE[name]
     with place.active():
@@ -231,10 +222,9 @@ def _field(place: _arrays.Place, key: str, arr, nested: bool) -> _arrays.DeviceA
     return place.view(arr, key, lambda a: _host_bytes(a, dtype))
 
 
-def float32_state(w: Quantized4bit, wplace: _arrays.Place, place: _arrays.Place):
-    """(packed pointer, float32 absmax pointer, objects to keep alive) of a 4-bit weight
-    where it lives (`wplace`), a nested state expanded to float32 scales first on `place`
-    (kbit_nf4_dequantize_absmax), as the matmul and kbit.tile take it."""
+def _views(w: Quantized4bit, place: _arrays.Place) -> dict:
+    """The pointer views of a 4-bit weight's arrays where `place` is (packed, absmax and,
+    nested, absmax2, offset and code), its arguments and sizes checked."""
     _check_args(w.quant_type, w.blocksize)
     if w.nested and w.offset is None:
         raise KbitError("a nested state (absmax2 set) needs its offset")
@@ -243,8 +233,16 @@ def float32_state(w: Quantized4bit, wplace: _arrays.Place, place: _arrays.Place)
         parts.update(absmax2=w.absmax2, offset=w.offset)
         if w.code is not None:
             parts["code"] = w.code
-    views = {key: _field(wplace, key, arr, w.nested) for key, arr in parts.items()}
+    views = {key: _field(place, key, arr, w.nested) for key, arr in parts.items()}
     _check_state(w, {key: v.nbytes for key, v in views.items()})
+    return views
+
+
+def float32_state(w: Quantized4bit, wplace: _arrays.Place, place: _arrays.Place):
+    """(packed pointer, float32 absmax pointer, objects to keep alive) of a 4-bit weight
+    where it lives (`wplace`), a nested state expanded to float32 scales first on `place`
+    (kbit_nf4_dequantize_absmax), as the matmul and kbit.tile take it."""
+    views = _views(w, wplace)
     absmax = views["absmax"].ptr
     expanded = None
     if w.nested:
