@@ -243,10 +243,12 @@ def resolve_args(argv=None) -> argparse.Namespace:
 
 # ---- bytes ------------------------------------------------------------------------
 
-def weight_bytes(fmt: str, n_out: int, k_in: int) -> dict:
+def weight_bytes(fmt: str, n_out: int, k_in: int, elem_bytes: int = 2) -> dict:
     """Stored bytes of W (n_out x k_in) in a format: {'packed', 'scales'}. GGUF blocks
-    hold their scales inside, so all of a block counts as 'packed'. Raises ValueError
-    when k_in is not a multiple of the format's block (SPEC 6)."""
+    hold their scales inside, so all of a block counts as 'packed'; a tiled 4-bit weight's
+    scales are half when W was fp16 / bf16 (elem_bytes 2: its absmax values are half
+    values), else float32. Raises ValueError when k_in is not a multiple of the format's
+    block (SPEC 6)."""
     spec = FORMATS[fmt]
     if k_in % spec["block"]:
         raise ValueError(f"k_in = {k_in} is not a multiple of {fmt}'s block of {spec['block']}")
@@ -256,7 +258,7 @@ def weight_bytes(fmt: str, n_out: int, k_in: int) -> dict:
         return {"packed": blocks * spec["k"] * 4, "scales": blocks * _ABSMAX_BYTES[spec["absmax"]]}
     if spec["family"] == "4bit":
         if spec.get("tiled"):
-            return {"packed": n // 2, "scales": 2 * (n // 32)}
+            return {"packed": n // 2, "scales": (2 if elem_bytes == 2 else 4) * (n // 32)}
         return {"packed": n // 2, "scales": 4 * (n // spec["blocksize"])}
     return {"packed": n // spec["block"] * spec["block_bytes"], "scales": 0}
 
@@ -264,7 +266,8 @@ def weight_bytes(fmt: str, n_out: int, k_in: int) -> dict:
 def case_bytes(fmt: str | None, n_out: int, k_in: int, m: int, elem_bytes: int) -> dict:
     """The minimum traffic of y = x · Wᵀ: W as stored (fmt None: dense in x's dtype),
     x read once, y written once."""
-    w = weight_bytes(fmt, n_out, k_in) if fmt else {"packed": n_out * k_in * elem_bytes, "scales": 0}
+    w = (weight_bytes(fmt, n_out, k_in, elem_bytes) if fmt
+         else {"packed": n_out * k_in * elem_bytes, "scales": 0})
     b = {"weight": w["packed"], "scales": w["scales"], "x": m * k_in * elem_bytes,
          "y": m * n_out * elem_bytes}
     b["total"] = sum(b.values())
