@@ -131,7 +131,7 @@ KBIT_API kbit_status kbit_compute_tensor_scale(const void *input, int64_t n,
 /*! The GPU quantizers cannot return KBIT_ERROR_RANGE without synchronising, so a
  *  block whose absmax / tensor_scale exceeds the format (or, for E4M4, is not
  *  finite) is stored at the format's largest value and raises a flag of the current
- *  device. This synchronises the current device (every stream), reads the flag into
+ *  device (so does kbit_nf4_to_kbit for a half scale it cannot hold). This synchronises the current device (every stream), reads the flag into
  *  *raised (0 or 1) and clears it if `clear` is non-zero. The flag is shared by all
  *  threads and streams on the device: clear it before the quantize calls it should
  *  cover, and read it when no other thread's quantize is in flight. */
@@ -405,8 +405,8 @@ KBIT_API kbit_status kbit_nf4_dequantize_absmax_host(const uint8_t *qabsmax,
  *  half (KBIT_ABSMAX_FP16). With the format's 16-entry table as the codebook and
  *  tensor_scale 1 it dequantizes to exactly the same float32 values (with FP16: where
  *  every absmax is a half value, as the absmax of float16 weights is; a finite absmax
- *  beyond 65504 is KBIT_ERROR_RANGE on the host and inf on the GPU, whose dequantized
- *  values are then inf or NaN, never clipped), and kbit_tile then repacks it for
+ *  beyond 65504 is KBIT_ERROR_RANGE on the host, nothing written, and on the GPU inf,
+ *  raising the range flag of kbit_get_range_flag), and kbit_tile then repacks it for
  *  kbit_matmul_kbit_tiled. Asynchronous on `stream`.
  *  @return a status; nothing is written on bad input. */
 KBIT_API kbit_status kbit_nf4_to_kbit(const uint8_t *packed, const float *absmax, int64_t n,

@@ -636,13 +636,18 @@ def test_gpu_gemm_fp32_scales_beyond_fp16(rng, tiled):
 
 
 def test_workspace_bytes():
-    """The split-K workspace: none below the GEMM's m or with enough tiles, some for few
-    tiles and long rows; -1 for negative sizes."""
+    """The split-K workspace: none below the GEMMs' m (9; 8 for the streamed GEMM of
+    stored weights of 8192 rows) or with enough tiles, some for few tiles and long rows;
+    -1 for negative sizes."""
     assert workspace_bytes(8, 4096, 4096) == 0
     assert workspace_bytes(16, 28672, 28672) == 0
     assert workspace_bytes(16, 4096, 4096) > 0
     assert workspace_bytes(40, 4096, 131) > 0
     assert workspace_bytes(16, 64, 4096) == 0  # too few stages to split
+    # m = 8 on the streamed GEMM from 8192 rows of stored weights (64 tiles: split k), not
+    # at m = 7 (the staged GEMV)
+    assert workspace_bytes(8, 8192, 8192) > 0
+    assert workspace_bytes(7, 8192, 8192) == 0
     assert workspace_bytes(-1, 1, 1) == -1
 
 

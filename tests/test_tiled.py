@@ -192,6 +192,40 @@ def test_4bit_to_kbit_codes_and_bad_arguments(rng):
         kbit.tile(kbit.quantize_4bit(np.ones((4, 48), np.float32), "nf4", 32))  # 48 % 32
 
 
+@requires_gpu
+def test_gpu_4bit_to_kbit_half_range(rng):
+    """kbit_nf4_to_kbit on the GPU with half scales: a scale beyond half's range is written
+    as inf and raises the device's range flag (kbit_get_range_flag), as the GPU quantizers
+    do; one in range raises nothing; the codes and the in-range scales match the host."""
+    import torch
+    n, bs = 128, 64
+    packed = rng.integers(0, 256, n // 2).astype(np.uint8)
+    flag = ctypes.c_int()
+    for absmax, raised in ((np.array([0.5, 2.0], np.float32), 0),
+                           (np.array([0.5, 7e4], np.float32), 1)):
+        function("kbit_get_range_flag")(ctypes.byref(flag), 1)
+        words = torch.zeros(16, dtype=torch.int32, device="cuda")
+        scales = torch.zeros(4, dtype=torch.float16, device="cuda")
+        p_t, a_t = torch.from_numpy(packed).cuda(), torch.from_numpy(absmax).cuda()
+        assert function("kbit_nf4_to_kbit")(
+            p_t.data_ptr(), a_t.data_ptr(), n, bs, FORMATS["fp16"], words.data_ptr(),
+            scales.data_ptr(), torch.cuda.current_stream().cuda_stream) == S_OK
+        torch.cuda.synchronize()
+        assert function("kbit_get_range_flag")(ctypes.byref(flag), 1) == S_OK
+        assert flag.value == raised
+        want_words = np.zeros(16, np.uint32)
+        want_scales = np.zeros(4, np.float16)
+        fits = absmax.copy()
+        fits[fits > 65504] = 1.0  # the host refuses the big one: compare the rest
+        assert function("kbit_nf4_to_kbit_host")(
+            packed.ctypes.data, fits.ctypes.data, n, bs, FORMATS["fp16"],
+            want_words.ctypes.data, want_scales.ctypes.data) == S_OK
+        got = scales.cpu().numpy()
+        assert np.array_equal(words.cpu().numpy().view(np.uint32), want_words)
+        assert np.array_equal(got[:2], want_scales[:2])
+        assert np.all(np.isinf(got[2:])) if raised else np.array_equal(got, want_scales)
+
+
 def on_cuda(q):
     """A host QuantizedTensor's arrays copied to the GPU (torch)."""
     import torch

@@ -28,6 +28,9 @@ inline kbit_status cuda_status(cudaError_t err, const char *what) {
 cudaError_t sm_count(int *count);
 // The current device's compute capability major number (cached per device too).
 cudaError_t compute_major(int *major);
+// The current device's range flag (kbit_get_range_flag; csrc/quant/kbit.cu): a GPU entry
+// that cannot return KBIT_ERROR_RANGE without synchronising raises it (atomicOr 1).
+cudaError_t device_range_flag(unsigned int **flag);
 
 inline cudaError_t grid_for(int64_t work_items, int per_sm, int *grid) {
     // A non-sticky error left by the caller's own earlier CUDA call is not ours to

@@ -283,9 +283,8 @@ inline kbit_status check_dequantize(const uint8_t *packed, const float *absmax, 
 // 4-bit block that holds it (blocksizes are multiples of 32), as float32 or rounded to half
 // (absmax_format FP32 / FP16), so that with the format's table as the codebook it
 // dequantizes to the same float32 values (with FP16, where every absmax is a half value;
-// the host refuses a finite absmax beyond half's range with KBIT_ERROR_RANGE, the GPU
-// writes it as inf, which dequantizes to inf or NaN, never to a clipped value).
-KBIT_HD int64_t kbit_blocks_of(int64_t n) { return n / 32 + (n % 32 != 0); }
+// a finite absmax beyond half's range: the host refuses it with KBIT_ERROR_RANGE, the GPU
+// writes it as inf and raises the device's range flag, as its quantizers do).
 inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
                                  kbit_absmax_format fmt, const uint32_t *kbit_packed,
                                  const void *kbit_absmax) {
@@ -302,6 +301,11 @@ inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int
     KBIT_TRY(check_ptr(kbit_absmax, "kbit_absmax", fmt == KBIT_ABSMAX_FP32 ? 4 : 2));
     return KBIT_SUCCESS;
 }
+// A finite scale that half cannot hold (f32_to_f16_bits would make it inf).
+KBIT_HD bool beyond_half(float scale) {
+    return std::isfinite(scale) && std::fabs(scale) > 65504.0f;
+}
+// Block b (32 elements) of the conversion.
 KBIT_HD void block_to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int bs,
                            kbit_absmax_format fmt, int64_t b, uint32_t *kbit_packed,
                            void *kbit_absmax) {

@@ -221,13 +221,12 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
 
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
+    // the streamed GEMM below kGemmMinM only where stored weights take it
+    const bool streamed = m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false);
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
-                          // below kGemmMinM only where stored weights take it
-                          m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false)
-                              ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
-                          m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false)
-                              ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
+                          streamed ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
+                          streamed ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;
     for (int64_t w : ws) most = w > most ? w : most;
     return most;

@@ -187,16 +187,13 @@ kbit_status dequantize_absmax_host(const uint8_t *qabsmax, const float *absmax2,
 kbit_status to_kbit_host(const uint8_t *packed, const float *absmax, int64_t n, int blocksize,
                          kbit_absmax_format fmt, uint32_t *kbit_packed, void *kbit_absmax) {
     KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
-    const int64_t blocks = kbit_blocks_of(n);
-    if (fmt == KBIT_ABSMAX_FP16) {  // nothing written if a scale is beyond half's range
-        const int64_t scales = (n - 1) / blocksize + 1;
-        for (int64_t i = 0; i < scales && n > 0; ++i)
-            if (std::isfinite(absmax[i]) && std::fabs(absmax[i]) > 65504.0f)
-                return fail(KBIT_ERROR_RANGE,
-                            "absmax[%lld] = %g is beyond half's range; use KBIT_ABSMAX_FP32",
-                            static_cast<long long>(i), static_cast<double>(absmax[i]));
-    }
-    for (int64_t b = 0; b < blocks; ++b)
+    if (n == 0) return KBIT_SUCCESS;
+    for (int64_t i = 0; fmt == KBIT_ABSMAX_FP16 && i < blocks_of(n, blocksize); ++i)
+        if (beyond_half(absmax[i]))  // nothing written
+            return fail(KBIT_ERROR_RANGE,
+                        "absmax[%lld] = %g is beyond half's range; use KBIT_ABSMAX_FP32",
+                        static_cast<long long>(i), static_cast<double>(absmax[i]));
+    for (int64_t b = 0; b < blocks_of(n, 32); ++b)
         block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
     return KBIT_SUCCESS;
 }

@@ -400,9 +400,10 @@ __device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, i
 }
 
 // A streamed CTA's share of the work: its run of row tiles from `first` (the tiles split
-// evenly over the grid), their `stages` stages, and the rows of x of its pass (from m0).
+// evenly over the grid), their `stages` stages, and the rows of x (all of them: one pass,
+// m <= pass_rows, as the launchers ask).
 struct StreamWalk {
-    int64_t first, stages, m0;
+    int64_t first, stages;
     int x_rows;
 };
 __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_tile, int64_t m,
@@ -410,9 +411,8 @@ __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int64_t first = blockIdx.x * tiles / gridDim.x,
                   last = (blockIdx.x + 1) * tiles / gridDim.x;
-    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * pass_rows;
-    return {first, (last - first) * stages_per_tile, m0,
-            static_cast<int>(m - m0 < pass_rows ? m - m0 : pass_rows)};
+    return {first, (last - first) * stages_per_tile,
+            static_cast<int>(m < pass_rows ? m : pass_rows)};
 }
 
 // A position in the ring: the slot, its barriers' phase and its byte offset, advanced a
@@ -467,7 +467,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
         c.next(ring_stages, stage_bytes);
         if ((g0 += kStreamWarps) < groups) continue;
         g0 = 0;
-        store_stream_tile<T>(acc, tile * kTileRows, walk.m0, m, n_out, bias, y);
+        store_stream_tile<T>(acc, tile * kTileRows, 0, m, n_out, bias, y);
         ++tile;
     }
 }
@@ -499,7 +499,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int chunks = static_cast<int>(k_in / kChunk);
     const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
     const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM);
-    const int64_t first = walk.first, stages = walk.stages, m0 = walk.m0;
+    const int64_t first = walk.first, stages = walk.stages;
     const int x_rows = walk.x_rows;
     const ResidentX rx{x_stride, x_rows, smem_address(smem) + table_bytes<Dec>()};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
@@ -515,7 +515,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     // goes out before the pair table is filled, the rest after.
     const bool producer = warp == kStreamWarps;
     const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
-    const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
+    const auto *xb = reinterpret_cast<const uint8_t *>(x);
     RingSlot p;
     int p_g0 = 0;
     int64_t p_unit = first * groups, issued = 0;  // p_unit: stage `issued`'s first unit

@@ -155,8 +155,8 @@ struct Block32S {
             uint32_t wa[2], wb[2];
             Codes::words(a + 2, u.t, c % 2 == 1, wa);
             Codes::words(b + 2, u.t, c % 2 == 1, wb);
-            const float da = __half2float(__ushort_as_half(lds_u16(a)));
-            const float db = __half2float(__ushort_as_half(lds_u16(b)));
+            const float da = f16_bits_to_f32(lds_u16(a));
+            const float db = f16_bits_to_f32(lds_u16(b));
             Frag st[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
@@ -275,10 +275,10 @@ struct QK45S {
                 mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2);
             }
         }
-        const float da = __half2float(__ushort_as_half(static_cast<uint16_t>(ha.x)));
-        const float db = __half2float(__ushort_as_half(static_cast<uint16_t>(hb.x)));
-        const float ma = __half2float(__ushort_as_half(static_cast<uint16_t>(ha.x >> 16)));
-        const float mb = __half2float(__ushort_as_half(static_cast<uint16_t>(hb.x >> 16)));
+        const float da = f16_bits_to_f32(static_cast<uint16_t>(ha.x));
+        const float db = f16_bits_to_f32(static_cast<uint16_t>(hb.x));
+        const float ma = f16_bits_to_f32(static_cast<uint16_t>(ha.x >> 16));
+        const float mb = f16_bits_to_f32(static_cast<uint16_t>(hb.x >> 16));
         scale_add(acc, c1, da, db);
         scale_add(acc, c2, -ma, -mb);
     }
@@ -314,7 +314,7 @@ struct Q6_KS {
             r.sc[st] =
                 lds_word(kAligned, at + offsetof(gguf::BlockQ6_K, scales) + 8 * kHalf + 4 * st);
         }
-        r.d = __half2float(__ushort_as_half(lds_u16(at + offsetof(gguf::BlockQ6_K, d))));
+        r.d = f16_bits_to_f32(lds_u16(at + offsetof(gguf::BlockQ6_K, d)));
         return r;
     }
     // Codes of quadrant q, step st (6 bits a byte).
@@ -456,7 +456,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
 
     const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
     const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM * NT);
-    const int64_t first = walk.first, stages = walk.stages, m0 = walk.m0;
+    const int64_t first = walk.first, stages = walk.stages;
     const int x_rows = walk.x_rows;
     const ResidentX rx{NT == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
@@ -472,7 +472,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     if (warp == kStreamWarps) {
         if (lane != 0) return;
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
-        const auto *xb = reinterpret_cast<const uint8_t *>(x) + m0 * k_in * 2;
+        const auto *xb = reinterpret_cast<const uint8_t *>(x);
         rx.load(x_full_at, xb, k_in, x_policy);
         RingSlot p;
         int g0 = 0;

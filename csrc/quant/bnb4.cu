@@ -764,12 +764,16 @@ cudaError_t launch_dequantize_absmax(const uint8_t *qabsmax, const float *absmax
 
 __global__ void __launch_bounds__(kThreads)
 to_kbit_kernel(const uint8_t *__restrict__ packed, const float *__restrict__ absmax, int64_t n,
-               int blocksize, kbit_absmax_format fmt, uint32_t *__restrict__ kbit_packed,
-               void *__restrict__ kbit_absmax) {
-    const int64_t blocks = kbit_blocks_of(n), stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+               int64_t blocks, int blocksize, kbit_absmax_format fmt,
+               uint32_t *__restrict__ kbit_packed, void *__restrict__ kbit_absmax,
+               unsigned int *__restrict__ range_flag) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
-         b += stride)
+         b += stride) {
         block_to_kbit(packed, absmax, n, blocksize, fmt, b, kbit_packed, kbit_absmax);
+        if (fmt == KBIT_ABSMAX_FP16 && beyond_half(absmax[b * 32 / blocksize]))
+            atomicOr(range_flag, 1u);
+    }
 }
 
 cudaError_t launch_absmax_mean(const float *absmax, int64_t count, float *mean,
@@ -846,11 +850,14 @@ kbit_status to_kbit(const uint8_t *packed, const float *absmax, int64_t n, int b
                     kbit_stream_t stream) {
     KBIT_TRY(check_to_kbit(packed, absmax, n, blocksize, fmt, kbit_packed, kbit_absmax));
     if (n == 0) return KBIT_SUCCESS;
+    unsigned int *flag = nullptr;
+    cudaError_t err = device_range_flag(&flag);
+    const int64_t blocks = blocks_of(n, 32);
     int grid = 0;
-    cudaError_t err = grid_for(kbit_blocks_of(n) / kThreads + 1, kPerSm, &grid);
+    if (err == cudaSuccess) err = grid_for(blocks_of(blocks, kThreads), kPerSm, &grid);
     if (err == cudaSuccess) {
-        to_kbit_kernel<<<grid, kThreads, 0, stream>>>(packed, absmax, n, blocksize, fmt,
-                                                      kbit_packed, kbit_absmax);
+        to_kbit_kernel<<<grid, kThreads, 0, stream>>>(packed, absmax, n, blocks, blocksize, fmt,
+                                                      kbit_packed, kbit_absmax, flag);
         err = launch_error();
     }
     return cuda_status(err, "kbit_nf4_to_kbit");

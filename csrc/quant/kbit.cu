@@ -625,10 +625,14 @@ cudaError_t launch_quantize(const void *in, const float *importance, int64_t n, 
     return launch_error();
 }
 
-// The device's range flag, for the entries without a range_status of their own.
+}  // namespace
+
+// The device's range flag (core/cuda.cuh).
 cudaError_t device_range_flag(unsigned int **flag) {
     return cudaGetSymbolAddress(reinterpret_cast<void **>(flag), g_range_flag);
 }
+
+namespace {
 
 template <class T, int K, kbit_absmax_format FMT>
 cudaError_t launch_dequantize(const uint32_t *packed, const void *absmax, float ts,

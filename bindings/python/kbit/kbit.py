@@ -140,7 +140,7 @@ def fit_codebook(x, k: int, absmax_format: str = "e4m4", dtype=None,
         out = place.empty((1 << k,), "float32")
         place.call("kbit_fit_codebook", xin.ptr, w_ptr, xin.size, xin.dtype_id, k,
                    place.ptr(out), place.ptr(ws), nbytes)
-        book = np.array(out.cpu().numpy() if hasattr(out, "cpu") else out.get(), dtype=np.float32)
+        book = np.array(_arrays.to_host(out), dtype=np.float32)
     if not np.all(np.isfinite(book)):  # the kernels' way to say what the host twin raises
         raise KbitError("cannot fit a codebook: the input has NaN or Inf, or is all zeros, "
                         "or an importance weight is negative or not finite (or all are 0)",

@@ -8,10 +8,9 @@ x takes the CPU path (the `_host` entries); CUDA x of any framework takes the GP
 on the framework's current stream, and y is allocated in x's framework. W must live
 where x lives. Host bfloat16 is uint16 bits with dtype='bfloat16'.
 
-A GPU call whose shape wants a workspace (kbit_matmul_workspace_bytes: the GEMV's work
-queue at m <= 16, the GEMM's split-K) takes it from a cache of zeroed buffers, one per
-device and stream (calls on one stream never run at the same time; every call leaves its
-workspace zeroed again).
+A GPU call whose shape wants a split-K workspace (kbit_matmul_workspace_bytes) takes it
+from a cache of zeroed buffers, one per device and stream (calls on one stream never run
+at the same time; every call leaves its workspace zeroed again).
 """
 from __future__ import annotations
 
