@@ -156,6 +156,21 @@ def test_matmul_paths(rng, m):
                            atol=2e-2 * np.abs(ref).max()), name
 
 
+@pytest.mark.parametrize("m", [12, 300])
+def test_tiled_gemm_wide(rng, m):
+    """The tiled GEMM on sm_90 where only a large weight takes it: m = 12 from 8192 rows
+    of W (16 rows of x, two CTAs an SM), m = 300 with 66 row tiles of 128 (256 rows of x a
+    CTA, the producer's registers given to the consumers)."""
+    torch = _torch()
+    w = torch.randn(8448, 256, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=4))
+    a = torch.randn(m, 256, device="cuda", dtype=torch.float16)
+    y = kbit.matmul(a, t)
+    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
+    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 def test_tile_untile(rng):
     _, weights = _weights(rng)
     back = kbit.untile(weights["tiled"])

@@ -1,6 +1,6 @@
 """Writes csrc/matmul/wgmma.cuh: the wgmma.mma_async wrappers of the sm_90a GEMMs, one per
 operand type and N (the asm needs every accumulator register named, N / 2 of them): A and
-B from shared memory, and A from registers (the streamed GEMM of small m).
+B from shared memory, and A from registers (the streamed GEMM of small m, the tiled GEMM).
 
     python3 tools/gen_wgmma.py        # rewrites the header
     python3 tools/gen_wgmma.py --check  # exits 1 if the header differs (tests run this)
@@ -9,7 +9,7 @@ import os
 import sys
 
 NS = (32, 64, 128, 256)
-NS_RS = (16, 32, 64)
+NS_RS = (16, 32, 64, 128, 256)
 TYPES = (("F16", "f16"), ("BF16", "bf16"))
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "matmul",
                       "wgmma.cuh")

@@ -189,15 +189,17 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A map of `rank` dimensions (dims[0] innermost, in elements; strides of the outer ones
-// in bytes) read in boxes of `box`, unswizzled.
+// in bytes) read in boxes of `box`, unswizzled unless `swizzle` says otherwise (128B: the
+// 16-byte unit u of a box's 128-byte row r lands at u ^ (r % 8), the wgmma's layout).
 inline cudaError_t tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank,
                               const void *base, const cuuint64_t *dims,
-                              const cuuint64_t *strides, const cuuint32_t *box) {
+                              const cuuint64_t *strides, const cuuint32_t *box,
+                              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     const cuuint32_t steps[3] = {1, 1, 1};
     const CUresult r = encode(map, type, rank, const_cast<void *>(base), dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
@@ -528,20 +530,24 @@ __device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t
 // Split k: this split's partial tile goes to the workspace in the threads' own order
 // (coalesced); the last split of the tile to arrive (a counter a tile) adds all of them in
 // split order (deterministic), clears them and the counter, and stores each sum through
-// store(i, v); the other splits return. kPer values a thread, kN threads a CTA.
-template <int kPer, int kN, class Store>
+// store(i, v); the other splits return. kPer values a thread, kN threads (the first kN
+// of the CTA), which meet through sync (default: the CTA's barrier).
+struct BlockSync {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+template <int kPer, int kN, class Store, class Sync = BlockSync>
 __device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t tile, int split,
                                               int splits, float *partials, unsigned *counters,
-                                              Store &&store) {
+                                              Store &&store, Sync sync = {}) {
     const int tid = threadIdx.x;
     float *mine = partials + (tile * splits + split) * (kPer * kN);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) mine[i * kN + tid] = acc[i];
     __threadfence();
-    __syncthreads();
+    sync();
     __shared__ bool last;
     if (tid == 0) last = atomicAdd(counters + tile, 1u) == static_cast<unsigned>(splits - 1);
-    __syncthreads();
+    sync();
     if (!last) return;
     __threadfence();
     // The splits' sums in split order (the same bits whichever CTA comes last), a split's

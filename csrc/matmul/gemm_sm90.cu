@@ -21,8 +21,12 @@
 //
 // Split k, tiles and the raster follow gemm.cuh (formats/matmul.h: gemm90_plan).
 //
-// Below it, the streamed GEMM of m = 9..64 (stream90_kernel), bound by W's bytes rather
-// than the tensor cores: the GEMV's decode in registers as the wgmma's A operand.
+// Below it, the streamed GEMM of m = 8..64 (stream90_kernel) for stored kbit and NF4 / FP4,
+// bound by W's bytes rather than the tensor cores: the GEMV's decode in registers as the
+// wgmma's A operand; and the tiled GEMM (tiled_gemm90_kernel), which serves tiled kbit
+// weights (kbit.matmul's, NF4 / FP4 ones once tiled) at every m from 9: the same decode,
+// its codes gathered in the wgmma's order of k, so that x goes from the TMA to the
+// tensor cores untouched.
 #include "gemm_sm90.h"
 
 #include "decoders.cuh"
@@ -143,13 +147,14 @@ __device__ __forceinline__ void scale_pairs(T, uint32_t (&p)[4], float f) {
 
 // y from a CTA's accumulators (two warpgroups of m64nNk16: acc[4 j + e] of lane (g, t)
 // of warp w is W row n0 + 16 w + g (+ 8 for e >= 2), x row m0 + 8 j + 2 t (+ 1 for odd e))
-// times out_mul, plus bias; through the split reduction where k was split.
-template <class T, int kAcc>
+// times out_mul, plus bias; through the split reduction where k was split (the CTA's first
+// 256 threads, meeting through sync).
+template <class T, int kAcc, class Sync = gemm::BlockSync>
 __device__ __forceinline__ void epilogue(const float (&acc)[kAcc], int64_t tile, int64_t n0,
                                          int64_t m0, int64_t m, int64_t n_out, float out_mul,
                                          const typename T::storage *__restrict__ bias,
                                          typename T::storage *__restrict__ y, int split, int splits,
-                                         float *partials, unsigned *counters) {
+                                         float *partials, unsigned *counters, Sync sync = {}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t w_base = n0 + 16 * warp + (lane >> 2), x_base = m0 + 2 * (lane & 3);
     auto store = [&](int i, float v) {
@@ -165,7 +170,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[kAcc], int64_t tile,
         for (int i = 0; i < kAcc; ++i) store(i, acc[i]);
         return;
     }
-    gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store);
+    gemm::reduce_splits<kAcc, kThreads90>(acc, tile, split, splits, partials, counters, store, sync);
 }
 
 // Shared memory, 1024-byte aligned: [x ring: R x BN rows][kTiles decoded W tiles][raw ring:
@@ -965,6 +970,280 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
     return cudaErrorInvalidValue;
 }
 
+
+// ---- the tiled GEMM: A gathered from the tiled layout, x as the TMA lays it ---------------
+//
+// The streamed GEMM above permutes each stage's x into the order of k its lanes hold, at a
+// CTA barrier a stage; from a few dozen rows of x that permutation and barrier bound it,
+// not the tensor cores. Here each lane gathers the codes the wgmma's A fragment asks of it
+// instead: lane (g, t) of warp w needs, of each chunk of rows 16 w + g and + 8, the pairs
+// of elements 2 t + 8 q (q = 0..3), and the tiled layout keeps those as field t of each
+// row's group in the segments of lanes 4 g + q (formats/kbit_tiled.h): four neighbouring
+// segments, loaded whole (the warp's four lanes of one g load the same ones). x then needs
+// no reordering: the TMA writes it in 64-k halves straight into the 128-byte-swizzled tile
+// that the wgmma's descriptor reads.
+//  - a CTA: two consumer warpgroups (128 rows of W, 64 a warpgroup, as the kernels above)
+//    and a producer warpgroup whose first lane issues the copies: W and its scales a
+//    128-k stage into a W ring, x a 64-k half (BN rows of 128 bytes) into an x ring; each
+//    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
+//    barrier. With one CTA an SM (BN >= 64) the producer gives its registers to the
+//    consumers (setmaxnreg: 40 and 232 a thread; at launch a whole warpgroup counts, so
+//    with a producer warp alone ptxas allowed 168, and BN = 256 spilled and serialized its
+//    wgmmas); BN = 16 and 32 run two CTAs an SM, as the streamed GEMM;
+//  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
+//    the one before (two A buffers, one wgmma group a chunk); it releases a W slot once
+//    its words are loaded and an x half once the wgmmas that read it are done.
+// Rounding, scale shifts, split k and the epilogue are those of the kernels above.
+constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
+constexpr int kTMaxXRing = 8;
+template <int BN>
+constexpr int tiled_ctas() { return BN <= 32 ? 2 : 1; }
+// Chunks of A a consumer keeps (2 or 4): four where the registers allow, so that three
+// chunks' wgmmas may run while it decodes the next (with two, the decode waited on the
+// wgmma's latency: run 2, m = 64 at ~1750 cycles a stage against ~512 of tensor work).
+template <int BN>
+constexpr int tiled_buffers() { return BN == 64 || BN == 128 ? 4 : 2; }
+
+template <class Src, int BN, int kCtas = tiled_ctas<BN>()>
+struct TiledGemmConfig {
+    using Dec = typename Src::Dec;
+    static constexpr int kX = BN * kRowBytes;  // an x half (a multiple of 1024 bytes)
+    static constexpr int kW = (Src::kWBytes + Src::kSBytes + 127) / 128 * 128;  // a W stage
+    // x halves in flight, and W stages enough for them and one more
+    static constexpr int bytes_for(int copies, int x_ring) {
+        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + 4 * Dec::kEntries * copies;
+    }
+    static constexpr int kBudget = (kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024) - kStatic;
+    static constexpr int ring(int copies) {
+        int r = kTMaxXRing;
+        while (r > 2 && bytes_for(copies, r) > kBudget) r -= 2;
+        return r;
+    }
+    static constexpr int kFull = table_copies<Dec::kEntries>();
+    static constexpr int kCopies = ring(kFull) >= 4 ? kFull : kFull / 2;
+    static constexpr int kXRing = ring(kCopies);
+    static constexpr int kWRing = kXRing / 2 + 1;
+    static constexpr bool kBuilt = kXRing >= 4 && bytes_for(kCopies, kXRing) <= kBudget;
+    static constexpr int bytes() { return bytes_for(kCopies, kXRing); }
+};
+
+// The consumer warpgroups' own barrier (the producer warp has left).
+struct ConsumerSync {
+    __device__ __forceinline__ void operator()() const {
+        asm volatile("bar.sync 1, %0;" ::"n"(kThreads90) : "memory");
+    }
+};
+
+// Half h of a tiled lane segment (4K bytes from byte 4K h): the fields of chunks 2h, 2h + 1.
+template <int K>
+__device__ __forceinline__ void load_half_segment(uint32_t at, uint32_t (&w)[K]) {
+    if constexpr (K == 4) {
+        const uint4 v = lds_u32x4(at);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (K == 2) {
+        const uint2 v = lds_u32x2(at);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < K; ++i) w[i] = lds_u32(at + 4 * i);
+    }
+}
+// The lane's field of group r (0..3: row half and chunk of a half segment) of such words:
+// field t of the group (4 fields of 2K bits a group). `sel` is the lane's 0x4440 + t for
+// K = 4 (one byte permute); other K take words pre-shifted by 2K t (shift_half).
+template <int K>
+__device__ __forceinline__ void shift_half(uint32_t (&w)[K], uint32_t shift) {
+    if constexpr (K != 4) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) w[i] = i + 1 < K ? __funnelshift_r(w[i], w[i + 1], shift) : w[i] >> shift;
+    }
+}
+template <int K>
+__device__ __forceinline__ uint32_t gathered_field(const uint32_t (&w)[K], int r, uint32_t sel) {
+    if constexpr (K == 4) return __byte_perm(w[r], 0u, sel);
+    else return segment_field<K>(w, 4 * r);
+}
+
+template <class T, class Src, int BN>
+__global__ void __launch_bounds__(kTThreads, tiled_ctas<BN>())
+tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
+                    const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
+                    int64_t n_out, const typename T::storage *__restrict__ bias,
+                    typename T::storage *__restrict__ y, int splits, float *__restrict__ partials,
+                    unsigned *__restrict__ counters, const __grid_constant__ StreamMaps maps) {
+    using Dec = typename Src::Dec;
+    using C = TiledGemmConfig<Src, BN>;
+    static_assert(C::kBuilt, "the x ring needs four halves");
+    constexpr int RX = C::kXRing, RW = C::kWRing, K = Dec::kK;
+    constexpr int kAcc = BN / 2;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+    const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
+    uint32_t *table = reinterpret_cast<uint32_t *>(base + RX * C::kX + RW * C::kW);
+    __shared__ uint32_t e4m4_pair[256];  // E4M4 code -> its value times 2^8, a pair of T
+    // full and empty barriers of the x halves, then of the W stages
+    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 2 + 1)];
+    const uint32_t x_full = smem_address(bars), x_empty = x_full + 8 * RX;
+    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const int64_t groups = (k_in + kStageK - 1) / kStageK;
+    const gemm::TileOrigin origin = gemm::tile_origin(blockIdx.x, m, n_out, BN);
+    const int64_t n0 = origin.n0, m0 = origin.m0;
+    const int split = blockIdx.y;
+    const int g_begin = static_cast<int>(groups * split / splits);
+    const int stages = static_cast<int>(groups * (split + 1) / splits) - g_begin;
+
+    if (tid == 0) {
+        for (int i = 0; i < RX; ++i) mbar_init(x_full + 8 * i, 1), mbar_init(x_empty + 8 * i, kThreads90);
+        for (int i = 0; i < RW; ++i) mbar_init(w_full + 8 * i, 1), mbar_init(w_empty + 8 * i, kThreads90);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // The tables (every thread fills, the fill ends at a barrier); what the whole weight
+    // shares goes to the output.
+    const float out_mul = src.out_mul(fill_pair_table<Dec, C::kCopies>(table, codebook, k));
+    if constexpr (Src::kE4M4Table)
+        for (int c = tid; c < 256; c += kTThreads) {
+            const float f = e4m4_decode(c) * kE4M4Shift;
+            e4m4_pair[c] = pack2(T{}, f, f);
+        }
+    __syncthreads();
+
+    constexpr bool kShare = tiled_ctas<BN>() == 1;  // the producer's registers to the consumers
+    if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
+        if constexpr (kShare) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == kThreads90) {
+            // W is read again by the CTAs of the other tiles of x, if any
+            const uint64_t w_policy = m > BN ? evict_last_policy() : evict_first_policy();
+            const uint64_t x_policy = evict_last_policy();
+            const uint32_t w_bytes = src.stage_bytes();
+            for (int q = 0; q < stages; ++q) {
+                const int gi = g_begin + q, ws = q % RW;
+                if (q >= RW) mbar_wait(w_empty + 8 * ws, ((q / RW) - 1) & 1);
+                mbar_expect(w_full + 8 * ws, w_bytes);
+                src.issue(w_at + ws * C::kW, maps, gi, n0, w_full + 8 * ws, w_policy);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int hq = 2 * q + h, xs = hq % RX;
+                    if (hq >= RX) mbar_wait(x_empty + 8 * xs, ((hq / RX) - 1) & 1);
+                    mbar_expect(x_full + 8 * xs, C::kX);
+                    tma_load(x_at + xs * C::kX, maps.x, gi * kStageK + h * kBK,
+                             static_cast<int>(m0), x_full + 8 * xs, x_policy);
+                }
+            }
+        }
+        return;
+    }
+
+    if constexpr (kShare) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const auto my_table = lane_table<C::kCopies>(table);
+    const int g = lane >> 2, t = lane & 3;
+    // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile, rows g and g + 8's scales
+    const uint32_t seg_at = pinned(w_at + (warp * tiled::kLanes + 4 * g) * 8 * K);
+    const uint32_t s_at = pinned(w_at + src.s_offset(warp, g));
+    const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    // A fragments of the two k16 steps of a chunk, kNB chunks' buffers: chunk c is decoded
+    // while chunks c - kNB + 1 .. c - 1 may still multiply
+    constexpr int kNB = tiled_buffers<BN>();
+    uint32_t a[kNB][2][4];
+    int xs = 0, ws = 0;  // ring positions
+    uint32_t x_phase = 0, w_phase = 0;
+    for (int q = 0; q < stages; ++q) {
+        const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
+        uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
+        src.scales(s_at + w_slot, g_begin + q, e4m4_pair, sa);
+        src.scales(s_at + w_slot + src.s_row8(), g_begin + q, e4m4_pair, sc);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t w[4][K];  // half h of segment q of the four
+#pragma unroll
+            for (int sq = 0; sq < 4; ++sq) load_half_segment<K>(seg_at + w_slot + sq * 8 * K + h * 4 * K, w[sq]);
+            if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
+#pragma unroll
+            for (int sq = 0; sq < 4; ++sq) shift_half<K>(w[sq], sel);
+            const uint64_t b = descriptor(x_at + xs * C::kX + mbar_wait(x_full + 8 * xs, x_phase));
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {  // chunk 2h + u: rows' groups 2u (row g), 2u + 1
+                constexpr int kBack = kNB / 2;  // halves from the one whose wgmmas are done
+                wgmma_wait<kNB - 1>();  // chunk 2h + u - kNB is done: its buffer is free
+                if (u == 1 && 2 * q + h >= kBack)  // so are the x half kBack back's chunks
+                    mbar_arrive(x_empty + 8 * (xs >= kBack ? xs - kBack : xs - kBack + RX));
+                auto &ab = a[(2 * h + u) % kNB];
+                const uint32_t fa = sa[2 * h + u], fc = sc[2 * h + u];
+#pragma unroll
+                for (int st = 0; st < 2; ++st)    // k16 step: elements 16 st + 2t (+ 8)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
+                        const uint32_t(&seg)[K] = w[2 * st + e];
+                        ab[st][2 * e] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
+                        ab[st][2 * e + 1] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
+                    }
+                wgmma_fence();
+#pragma unroll
+                for (int st = 0; st < 2; ++st)
+                    wgmma(typename NTag<BN>::type{}, T{}, acc, ab[st], b + ((64 * u + 32 * st) >> 4), 1);
+                wgmma_commit();
+            }
+            if (++xs == RX) xs = 0, x_phase ^= 1u;
+        }
+        if (++ws == RW) ws = 0, w_phase ^= 1u;
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+
+    epilogue<T>(acc, blockIdx.x, n0, m0, m, n_out, out_mul, bias, y, split, splits, partials,
+                counters, ConsumerSync{});
+}
+
+template <class T, int K, int BN>
+cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
+                            const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                            const void *bias, void *y, const GemmPlan &plan, StreamMaps &maps,
+                            void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    using C = TiledGemmConfig<TiledSrc<T, K>, BN>;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
+    const cuuint32_t box[2] = {kBK, BN};
+    const cudaError_t err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides,
+                                       box, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+    return gemm::launch_gemm<tiled_gemm90_kernel<T, TiledSrc<T, K>, BN>, T>(
+        kTThreads, C::bytes(), BN, plan, src, codebook, k, x, m, k_in, n_out, bias, y, workspace,
+        workspace_bytes, stream, maps);
+}
+
+template <class T, int K>
+cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k, const void *x,
+                         int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
+                         void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    // (to m = kStream90MaxM the streamed GEMM's plan, for this kernel's CTAs an SM; then
+    // the prefill GEMM's)
+    const int bm = stream90_bm(m);
+    const int ctas = bm == 16 ? tiled_ctas<16>() : bm == 32 ? tiled_ctas<32>() : tiled_ctas<64>();
+    const GemmPlan plan = m <= kStream90MaxM ? stream90_plan(m, k_in, n_out, ctas)
+                                             : gemm90_plan(m, k_in, n_out);
+    StreamMaps maps;
+    cudaError_t err = source_maps(src, k_in, n_out, maps);
+    if (err != cudaSuccess) return err;
+    switch (plan.bm) {
+#define KBIT_TILED90_BN(BN)                                                                        \
+    case BN:                                                                                       \
+        return launch_tiled_bn<T, K, BN>(src, codebook, k, x, m, k_in, n_out, bias, y, plan, maps, \
+                                         workspace, workspace_bytes, stream);
+        KBIT_TILED90_BN(16)
+        KBIT_TILED90_BN(32)
+        KBIT_TILED90_BN(64)
+        KBIT_TILED90_BN(128)
+        KBIT_TILED90_BN(256)
+#undef KBIT_TILED90_BN
+    }
+    return cudaErrorInvalidValue;
+}
+
 #endif  // KBIT_SM90A
 
 }  // namespace
@@ -1003,10 +1282,10 @@ cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t
                     const Dec dec{{{packed, absmax, w.packed_bytes, w.absmax_bytes, w.tensor_scale},
                                    w.fmt, sb},
                                   tiled::geometry(n_out, k_in)};
-                    if (m <= kStream90MaxM && streams(w, k_in, n_out))
-                        err = launch_streamed<T>(TiledSrc<T, kc.value>{dec}, w.codebook, w.k, x, m,
-                                                 k_in, n_out, bias, y, workspace, workspace_bytes,
-                                                 stream);
+                    if (streams(w, k_in, n_out))
+                        err = launch_tiled<T>(TiledSrc<T, kc.value>{dec}, w.codebook, w.k, x, m,
+                                              k_in, n_out, bias, y, workspace, workspace_bytes,
+                                              stream);
                     else
                         err = launch<T, Dec, kTiled, 16>(dec, w.codebook, w.k, x, m, k_in, n_out,
                                                          bias, y, workspace, workspace_bytes, stream);
