@@ -197,7 +197,7 @@ inline cudaError_t tensor_map(CUtensorMap *map, CUtensorMapDataType type, int ra
                               CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
-    const cuuint32_t steps[3] = {1, 1, 1};
+    const cuuint32_t steps[5] = {1, 1, 1, 1, 1};  // (one a dimension, to rank 5)
     const CUresult r = encode(map, type, rank, const_cast<void *>(base), dims, strides, box, steps,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -211,6 +211,15 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, i
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,
+                                         int c2, int c3, uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+        "l"(policy)
         : "memory");
 }
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int c0, int c1,

@@ -514,9 +514,7 @@ cudaError_t launch_stored(const Dec &dec, const float *codebook, int k, const vo
 //    (three such tiles: one barrier a stage is enough);
 //  - the A registers come in two halves (chunks 0-1 and 2-3): one half is decoded while
 //    the wgmma of the other runs.
-// W comes from a source: the tiled kbit layout (a (tile, group) unit a warp, each lane's
-// 8K-byte segment holding exactly its pair indices), NF4 / FP4 as bitsandbytes stores
-// them (the stage's 64 bytes of each row: lane t's word of a chunk holds its four pairs,
+// W comes from a source: NF4 / FP4 as bitsandbytes stores them (the stage's 64 bytes of each row: lane t's word of a chunk holds its four pairs,
 // a byte each), or kbit as stored (the lane transposes byte t of the chunk's planes).
 // Rounding and scale shifts are the kernel above's; split k and the reduction too.
 constexpr int kSTiles = kThreads90 / 32;  // row tiles (of 16 rows) of a CTA: one a warp
@@ -556,15 +554,22 @@ __device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, const uint
     }
 }
 
-// Tiled kbit: `words` are the lane's segment of its warp's unit, the scales those of its
-// rows' four chunks (1, 2 or 4 bytes each, as stored).
-template <class T, int K>
+// Tiled kbit (read by the tiled GEMM below; the sources share one interface): a warp's
+// unit of (tile, group), its lanes' 8K-byte segments holding exactly their pair indices,
+// `words` a lane's segment, the scales those of its rows' four chunks (1, 2 or 4 bytes
+// each, as stored).
+template <class T, int K, bool kSwz = false>
 struct TiledSrc {
     using Dec = TiledScale<T, K>;
     static constexpr int kWBytes = kSTiles * tiled::kLanes * 8 * K;                // 8 units
     static constexpr int kSBytes = kSTiles * tiled::kTileRows * tiled::kGroupChunks * 4;  // at most
     static constexpr int kWords = 2 * K;
     static constexpr bool kE4M4Table = true;
+    // kSwz (K = 4 only): a row g's four segments of a tile are one 128-byte line, which the
+    // tiled GEMM's lanes of that g load whole; the W box comes 128-byte swizzled (16-byte
+    // unit u of line L at u ^ (L % 8)), so that two g's loads in one shared-memory phase
+    // meet distinct banks.
+    static constexpr bool kSwizzled = kSwz && K == 4;
     Dec dec;
 
     __device__ uint32_t stage_bytes() const {
@@ -573,7 +578,8 @@ struct TiledSrc {
     __device__ void issue(uint32_t dst, const StreamMaps &maps, int gi, int64_t n0, uint32_t bar,
                           uint64_t policy) const {
         const int tile0 = static_cast<int>(n0 / kTileRows);
-        tma_load(dst, maps.w, 0, gi, tile0, bar, policy);
+        if constexpr (kSwizzled) tma_load(dst, maps.w, 0, 0, gi, tile0, bar, policy);
+        else tma_load(dst, maps.w, 0, gi, tile0, bar, policy);
         tma_load(dst + kWBytes, maps.scales, 0, gi, tile0, bar, policy);
     }
     // The lane's offsets in a slot: its segment, its row g's scales (row g + 8's: + 8 rows).
@@ -891,16 +897,24 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
 }
 
 // The maps of W and its scales.
-template <class T, int K>
-cudaError_t source_maps(const TiledSrc<T, K> &src, int64_t, int64_t, StreamMaps &maps) {
+template <class T, int K, bool kSwz>
+cudaError_t source_maps(const TiledSrc<T, K, kSwz> &src, int64_t, int64_t, StreamMaps &maps) {
     constexpr int kUnitW = tiled::kLanes * 8 * K;
     const int unit_s = tiled::kTileRows * tiled::kGroupChunks * src.dec.sb;
     const cuuint64_t groups = static_cast<cuuint64_t>(src.dec.geo.groups),
                      tiles = static_cast<cuuint64_t>(src.dec.geo.tiles);
-    const cuuint64_t dims[3] = {kUnitW / 8, groups, tiles}, strides[2] = {kUnitW, kUnitW * groups};
-    const cuuint32_t box[3] = {kUnitW / 8, 1, kSTiles};
-    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, src.dec.packed, dims,
-                                 strides, box);
+    cudaError_t err;
+    if constexpr (TiledSrc<T, K, kSwz>::kSwizzled) {  // 128-byte lines of a unit, swizzled
+        const cuuint64_t dims[4] = {16, kUnitW / 128, groups, tiles},
+                         strides[3] = {128, kUnitW, kUnitW * groups};
+        const cuuint32_t box[4] = {16, kUnitW / 128, 1, kSTiles};
+        err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 4, src.dec.packed, dims, strides,
+                         box, CU_TENSOR_MAP_SWIZZLE_128B);
+    } else {
+        const cuuint64_t dims[3] = {kUnitW / 8, groups, tiles}, strides[2] = {kUnitW, kUnitW * groups};
+        const cuuint32_t box[3] = {kUnitW / 8, 1, kSTiles};
+        err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, src.dec.packed, dims, strides, box);
+    }
     if (err != cudaSuccess) return err;
     const cuuint64_t sdims[3] = {static_cast<cuuint64_t>(unit_s / 8), groups, tiles},
                      sstrides[2] = {static_cast<cuuint64_t>(unit_s), unit_s * groups};
@@ -998,17 +1012,18 @@ constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
 template <int BN>
 constexpr int tiled_ctas() { return BN <= 32 ? 2 : 1; }
-// Chunks of A a consumer keeps (2 or 4): four where the registers allow, so that three
-// chunks' wgmmas may run while it decodes the next (with two, the decode waited on the
-// wgmma's latency: run 2, m = 64 at ~1750 cycles a stage against ~512 of tensor work).
+// Whether K = 4 takes its W box swizzled (TiledSrc): measured faster for 16, 32 and 256
+// rows of x (8192x28672: m = 16 84 -> 68 us, m = 32 104 -> 74, m = 1024 674 -> 621), slower
+// for 64 and 128 (m = 256 240 -> 265) (bench/RESULTS.md, session 12).
 template <int BN>
-constexpr int tiled_buffers() { return BN == 64 || BN == 128 ? 4 : 2; }
+constexpr bool tiled_swizzled() { return BN <= 32 || BN == 256; }
 
 template <class Src, int BN, int kCtas = tiled_ctas<BN>()>
 struct TiledGemmConfig {
     using Dec = typename Src::Dec;
     static constexpr int kX = BN * kRowBytes;  // an x half (a multiple of 1024 bytes)
-    static constexpr int kW = (Src::kWBytes + Src::kSBytes + 127) / 128 * 128;  // a W stage
+    static constexpr int kAlignW = Src::kSwizzled ? 1024 : 128;  // (a swizzled box: its pattern's)
+    static constexpr int kW = (Src::kWBytes + Src::kSBytes + kAlignW - 1) / kAlignW * kAlignW;  // a W stage
     // x halves in flight, and W stages enough for them and one more
     static constexpr int bytes_for(int copies, int x_ring) {
         return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + 4 * Dec::kEntries * copies;
@@ -1087,12 +1102,25 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+    // Work items (tile, split), split-major, gridDim.x apart: a CTA walks its items with
+    // one ring, the producer running on into the next item while the consumers store one.
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
-    const gemm::TileOrigin origin = gemm::tile_origin(blockIdx.x, m, n_out, BN);
-    const int64_t n0 = origin.n0, m0 = origin.m0;
-    const int split = blockIdx.y;
-    const int g_begin = static_cast<int>(groups * split / splits);
-    const int stages = static_cast<int>(groups * (split + 1) / splits) - g_begin;
+    const int64_t tiles = ((m + BN - 1) / BN) * ((n_out + kGemmRows - 1) / kGemmRows);
+    struct Item {
+        int64_t tile, n0, m0;
+        int split, g_begin, stages;
+    };
+    auto item_of = [&](int64_t it) {
+        Item w;
+        w.tile = it % tiles;
+        w.split = static_cast<int>(it / tiles);
+        const gemm::TileOrigin origin = gemm::tile_origin(w.tile, m, n_out, BN);
+        w.n0 = origin.n0, w.m0 = origin.m0;
+        w.g_begin = static_cast<int>(groups * w.split / splits);
+        w.stages = static_cast<int>(groups * (w.split + 1) / splits) - w.g_begin;  // >= 1
+        return w;
+    };
+    const int64_t items = tiles * splits;
 
     if (tid == 0) {
         for (int i = 0; i < RX; ++i) mbar_init(x_full + 8 * i, 1), mbar_init(x_empty + 8 * i, kThreads90);
@@ -1117,18 +1145,23 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
             const uint64_t w_policy = m > BN ? evict_last_policy() : evict_first_policy();
             const uint64_t x_policy = evict_last_policy();
             const uint32_t w_bytes = src.stage_bytes();
-            for (int q = 0; q < stages; ++q) {
-                const int gi = g_begin + q, ws = q % RW;
-                if (q >= RW) mbar_wait(w_empty + 8 * ws, ((q / RW) - 1) & 1);
-                mbar_expect(w_full + 8 * ws, w_bytes);
-                src.issue(w_at + ws * C::kW, maps, gi, n0, w_full + 8 * ws, w_policy);
+            int64_t qg = 0;  // stages issued, all items
+            for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+                const Item w = item_of(it);
+                for (int q = 0; q < w.stages; ++q, ++qg) {
+                    const int gi = w.g_begin + q, ws = static_cast<int>(qg % RW);
+                    if (qg >= RW) mbar_wait(w_empty + 8 * ws, ((qg / RW) - 1) & 1);
+                    mbar_expect(w_full + 8 * ws, w_bytes);
+                    src.issue(w_at + ws * C::kW, maps, gi, w.n0, w_full + 8 * ws, w_policy);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int hq = 2 * q + h, xs = hq % RX;
-                    if (hq >= RX) mbar_wait(x_empty + 8 * xs, ((hq / RX) - 1) & 1);
-                    mbar_expect(x_full + 8 * xs, C::kX);
-                    tma_load(x_at + xs * C::kX, maps.x, gi * kStageK + h * kBK,
-                             static_cast<int>(m0), x_full + 8 * xs, x_policy);
+                    for (int h = 0; h < 2; ++h) {
+                        const int64_t hq = 2 * qg + h;
+                        const int xs = static_cast<int>(hq % RX);
+                        if (hq >= RX) mbar_wait(x_empty + 8 * xs, ((hq / RX) - 1) & 1);
+                        mbar_expect(x_full + 8 * xs, C::kX);
+                        tma_load(x_at + xs * C::kX, maps.x, gi * kStageK + h * kBK,
+                                 static_cast<int>(w.m0), x_full + 8 * xs, x_policy);
+                    }
                 }
             }
         }
@@ -1138,82 +1171,107 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     if constexpr (kShare) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const auto my_table = lane_table<C::kCopies>(table);
     const int g = lane >> 2, t = lane & 3;
-    // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile, rows g and g + 8's scales
-    const uint32_t seg_at = pinned(w_at + (warp * tiled::kLanes + 4 * g) * 8 * K);
+    // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: the line's
+    // address with g in its unit bits, each unit's own index XORed in), rows g and g + 8's
+    // scales
+    const uint32_t seg_at = pinned(w_at + (warp * tiled::kLanes + 4 * g) * 8 * K +
+                                   (Src::kSwizzled ? 16 * g : 0));
     const uint32_t s_at = pinned(w_at + src.s_offset(warp, g));
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
 
-    float acc[kAcc];
+    float acc[kAcc];  // (each item's first wgmma overwrites them)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    // A fragments of the two k16 steps of a chunk, kNB chunks' buffers: chunk c is decoded
-    // while chunks c - kNB + 1 .. c - 1 may still multiply
-    constexpr int kNB = tiled_buffers<BN>();
-    uint32_t a[kNB][2][4];
+    // A fragments of the two k16 steps of a chunk, two chunks' buffers: chunk c is decoded
+    // while chunk c - 1 may still multiply. (Four buffers, three chunks in flight, measured
+    // no faster: ptxas then serializes the wgmmas, C7515, unable to prove a buffer free.)
+    uint32_t a[2][2][4];
     int xs = 0, ws = 0;  // ring positions
     uint32_t x_phase = 0, w_phase = 0;
-    for (int q = 0; q < stages; ++q) {
-        const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
-        uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
-        src.scales(s_at + w_slot, g_begin + q, e4m4_pair, sa);
-        src.scales(s_at + w_slot + src.s_row8(), g_begin + q, e4m4_pair, sc);
+    int64_t hg = 0;  // x halves consumed, all items
+    for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+        const Item item = item_of(it);
+        for (int q = 0; q < item.stages; ++q) {
+            const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
+            uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
+            src.scales(s_at + w_slot, item.g_begin + q, e4m4_pair, sa);
+            src.scales(s_at + w_slot + src.s_row8(), item.g_begin + q, e4m4_pair, sc);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint32_t w[4][K];  // half h of segment q of the four
+            for (int h = 0; h < 2; ++h) {
+                uint32_t w[4][K];  // half h of segment q of the four
 #pragma unroll
-            for (int sq = 0; sq < 4; ++sq) load_half_segment<K>(seg_at + w_slot + sq * 8 * K + h * 4 * K, w[sq]);
-            if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
+                for (int sq = 0; sq < 4; ++sq) {
+                    const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
+                    load_half_segment<K>((Src::kSwizzled ? seg_at ^ at : seg_at + at) + w_slot, w[sq]);
+                }
+                if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
-            for (int sq = 0; sq < 4; ++sq) shift_half<K>(w[sq], sel);
-            const uint64_t b = descriptor(x_at + xs * C::kX + mbar_wait(x_full + 8 * xs, x_phase));
+                for (int sq = 0; sq < 4; ++sq) shift_half<K>(w[sq], sel);
+                const uint64_t b = descriptor(x_at + xs * C::kX + mbar_wait(x_full + 8 * xs, x_phase));
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {  // chunk 2h + u: rows' groups 2u (row g), 2u + 1
-                constexpr int kBack = kNB / 2;  // halves from the one whose wgmmas are done
-                wgmma_wait<kNB - 1>();  // chunk 2h + u - kNB is done: its buffer is free
-                if (u == 1 && 2 * q + h >= kBack)  // so are the x half kBack back's chunks
-                    mbar_arrive(x_empty + 8 * (xs >= kBack ? xs - kBack : xs - kBack + RX));
-                auto &ab = a[(2 * h + u) % kNB];
-                const uint32_t fa = sa[2 * h + u], fc = sc[2 * h + u];
+                for (int u = 0; u < 2; ++u) {  // chunk 2h + u: rows' groups 2u (row g), 2u + 1
+                    wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
+                    if (u == 1 && hg > 0)  // so are the x half before's chunks
+                        mbar_arrive(x_empty + 8 * (xs > 0 ? xs - 1 : RX - 1));
+                    auto &ab = a[u];
+                    const uint32_t fa = sa[2 * h + u], fc = sc[2 * h + u];
 #pragma unroll
-                for (int st = 0; st < 2; ++st)    // k16 step: elements 16 st + 2t (+ 8)
+                    for (int st = 0; st < 2; ++st)    // k16 step: elements 16 st + 2t (+ 8)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
-                        const uint32_t(&seg)[K] = w[2 * st + e];
-                        ab[st][2 * e] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
-                        ab[st][2 * e + 1] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
-                    }
-                wgmma_fence();
+                        for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
+                            const uint32_t(&seg)[K] = w[2 * st + e];
+                            ab[st][2 * e] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
+                            ab[st][2 * e + 1] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
+                        }
+                    wgmma_fence();
 #pragma unroll
-                for (int st = 0; st < 2; ++st)
-                    wgmma(typename NTag<BN>::type{}, T{}, acc, ab[st], b + ((64 * u + 32 * st) >> 4), 1);
-                wgmma_commit();
+                    for (int st = 0; st < 2; ++st)
+                        wgmma(typename NTag<BN>::type{}, T{}, acc, ab[st], b + ((64 * u + 32 * st) >> 4),
+                              q + h + u + st > 0);  // (the item's first: D = A B)
+                    wgmma_commit();
+                }
+                if (++xs == RX) xs = 0, x_phase ^= 1u;
+                ++hg;
             }
-            if (++xs == RX) xs = 0, x_phase ^= 1u;
+            if (++ws == RW) ws = 0, w_phase ^= 1u;
         }
-        if (++ws == RW) ws = 0, w_phase ^= 1u;
+        wgmma_wait<0>();
+        fence_operands(acc);
+        epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, item.split, splits,
+                    partials, counters, ConsumerSync{});
     }
-    wgmma_wait<0>();
-    fence_operands(acc);
-
-    epilogue<T>(acc, blockIdx.x, n0, m0, m, n_out, out_mul, bias, y, split, splits, partials,
-                counters, ConsumerSync{});
 }
 
 template <class T, int K, int BN>
-cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
+cudaError_t launch_tiled_bn(const TiledSrc<T, K> &tiled, const float *codebook, int k,
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
-                            const void *bias, void *y, const GemmPlan &plan, StreamMaps &maps,
-                            void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    using C = TiledGemmConfig<TiledSrc<T, K>, BN>;
+                            const void *bias, void *y, const GemmPlan &plan, void *workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
+    using Src = TiledSrc<T, K, tiled_swizzled<BN>()>;
+    using C = TiledGemmConfig<Src, BN>;
+    const Src src{tiled.dec};
+    StreamMaps maps;
+    cudaError_t err = source_maps(src, k_in, n_out, maps);
+    if (err != cudaSuccess) return err;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
     const cuuint32_t box[2] = {kBK, BN};
-    const cudaError_t err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides,
-                                       box, CU_TENSOR_MAP_SWIZZLE_128B);
+    err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box,
+                     CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
-    return gemm::launch_gemm<tiled_gemm90_kernel<T, TiledSrc<T, K>, BN>, T>(
-        kTThreads, C::bytes(), BN, plan, src, codebook, k, x, m, k_in, n_out, bias, y, workspace,
-        workspace_bytes, stream, maps);
+    // one CTA a work item (tile, split), at most as many as the SMs hold
+    constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN>;
+    int sms = 0;
+    if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
+        return err;
+    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
+    const int64_t items = plan.tiles * sp.splits, room = static_cast<int64_t>(sms) * tiled_ctas<BN>();
+    using St = typename T::storage;
+    cudaGetLastError();
+    kernel<<<static_cast<unsigned>(items < room ? items : room), kTThreads, C::bytes(), stream>>>(
+        src, codebook, k, static_cast<const St *>(x), m, k_in, n_out, static_cast<const St *>(bias),
+        static_cast<St *>(y), sp.splits, sp.partials, sp.counters, maps);
+    return launch_error();
 }
 
 template <class T, int K>
@@ -1226,13 +1284,10 @@ cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k
     const int ctas = bm == 16 ? tiled_ctas<16>() : bm == 32 ? tiled_ctas<32>() : tiled_ctas<64>();
     const GemmPlan plan = m <= kStream90MaxM ? stream90_plan(m, k_in, n_out, ctas)
                                              : gemm90_plan(m, k_in, n_out);
-    StreamMaps maps;
-    cudaError_t err = source_maps(src, k_in, n_out, maps);
-    if (err != cudaSuccess) return err;
     switch (plan.bm) {
 #define KBIT_TILED90_BN(BN)                                                                        \
     case BN:                                                                                       \
-        return launch_tiled_bn<T, K, BN>(src, codebook, k, x, m, k_in, n_out, bias, y, plan, maps, \
+        return launch_tiled_bn<T, K, BN>(src, codebook, k, x, m, k_in, n_out, bias, y, plan,     \
                                          workspace, workspace_bytes, stream);
         KBIT_TILED90_BN(16)
         KBIT_TILED90_BN(32)
