@@ -558,18 +558,20 @@ __device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, const uint
 // unit of (tile, group), its lanes' 8K-byte segments holding exactly their pair indices,
 // `words` a lane's segment, the scales those of its rows' four chunks (1, 2 or 4 bytes
 // each, as stored).
-template <class T, int K, bool kSwz = false>
+template <class T, int K>
 struct TiledSrc {
     using Dec = TiledScale<T, K>;
     static constexpr int kWBytes = kSTiles * tiled::kLanes * 8 * K;                // 8 units
     static constexpr int kSBytes = kSTiles * tiled::kTileRows * tiled::kGroupChunks * 4;  // at most
     static constexpr int kWords = 2 * K;
     static constexpr bool kE4M4Table = true;
-    // kSwz (K = 4 only): a row g's four segments of a tile are one 128-byte line, which the
-    // tiled GEMM's lanes of that g load whole; the W box comes 128-byte swizzled (16-byte
-    // unit u of line L at u ^ (L % 8)), so that two g's loads in one shared-memory phase
-    // meet distinct banks.
-    static constexpr bool kSwizzled = kSwz && K == 4;
+    // K = 2 and 4: the tiled GEMM's lanes of one g load the four segments of lanes
+    // 4g..4g+3 (64 or 128 bytes); unswizzled, the g's of one shared-memory phase met in the
+    // same banks (ncu, run 9: a third of the load wavefronts were conflicts at m = 256). So
+    // the W box comes 128-byte swizzled (16-byte unit u of line L at u ^ (L % 8)): measured
+    // 9-30% faster at every m from 16 (bench/RESULTS.md, session 12). (K = 3 and 5: their
+    // 24- and 40-byte segments cross the 16-byte units; left unswizzled.)
+    static constexpr bool kSwizzled = K == 2 || K == 4;
     Dec dec;
 
     __device__ uint32_t stage_bytes() const {
@@ -897,14 +899,14 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
 }
 
 // The maps of W and its scales.
-template <class T, int K, bool kSwz>
-cudaError_t source_maps(const TiledSrc<T, K, kSwz> &src, int64_t, int64_t, StreamMaps &maps) {
+template <class T, int K>
+cudaError_t source_maps(const TiledSrc<T, K> &src, int64_t, int64_t, StreamMaps &maps) {
     constexpr int kUnitW = tiled::kLanes * 8 * K;
     const int unit_s = tiled::kTileRows * tiled::kGroupChunks * src.dec.sb;
     const cuuint64_t groups = static_cast<cuuint64_t>(src.dec.geo.groups),
                      tiles = static_cast<cuuint64_t>(src.dec.geo.tiles);
     cudaError_t err;
-    if constexpr (TiledSrc<T, K, kSwz>::kSwizzled) {  // 128-byte lines of a unit, swizzled
+    if constexpr (TiledSrc<T, K>::kSwizzled) {  // 128-byte lines of a unit, swizzled
         const cuuint64_t dims[4] = {16, kUnitW / 128, groups, tiles},
                          strides[3] = {128, kUnitW, kUnitW * groups};
         const cuuint32_t box[4] = {16, kUnitW / 128, 1, kSTiles};
@@ -1012,11 +1014,6 @@ constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
 template <int BN>
 constexpr int tiled_ctas() { return BN <= 32 ? 2 : 1; }
-// Whether K = 4 takes its W box swizzled (TiledSrc): measured faster for 16, 32 and 256
-// rows of x (8192x28672: m = 16 84 -> 68 us, m = 32 104 -> 74, m = 1024 674 -> 621), slower
-// for 64 and 128 (m = 256 240 -> 265) (bench/RESULTS.md, session 12).
-template <int BN>
-constexpr bool tiled_swizzled() { return BN <= 32 || BN == 256; }
 
 template <class Src, int BN, int kCtas = tiled_ctas<BN>()>
 struct TiledGemmConfig {
@@ -1171,11 +1168,12 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     if constexpr (kShare) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const auto my_table = lane_table<C::kCopies>(table);
     const int g = lane >> 2, t = lane & 3;
-    // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: the line's
-    // address with g in its unit bits, each unit's own index XORed in), rows g and g + 8's
-    // scales
-    const uint32_t seg_at = pinned(w_at + (warp * tiled::kLanes + 4 * g) * 8 * K +
-                                   (Src::kSwizzled ? 16 * g : 0));
+    // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: a load's
+    // 16-byte unit XORed with its 128-byte line's index, the same for all of a lane's
+    // loads: their 4K-byte span never crosses a line), rows g and g + 8's scales
+    const uint32_t seg_rel = (warp * tiled::kLanes + 4 * g) * 8 * K;  // in a 1024-byte-aligned slot
+    const uint32_t seg_at = pinned(w_at + seg_rel);
+    const uint32_t line_xor = pinned(Src::kSwizzled ? ((seg_rel >> 7) & 7) << 4 : 0u);
     const uint32_t s_at = pinned(w_at + src.s_offset(warp, g));
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
 
@@ -1202,7 +1200,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) {
                     const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
-                    load_half_segment<K>((Src::kSwizzled ? seg_at ^ at : seg_at + at) + w_slot, w[sq]);
+                    load_half_segment<K>(((seg_at + at) ^ line_xor) + w_slot, w[sq]);
                 }
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
@@ -1247,9 +1245,9 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &tiled, const float *codebook, 
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
                             const void *bias, void *y, const GemmPlan &plan, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream) {
-    using Src = TiledSrc<T, K, tiled_swizzled<BN>()>;
+    using Src = TiledSrc<T, K>;
     using C = TiledGemmConfig<Src, BN>;
-    const Src src{tiled.dec};
+    const Src &src = tiled;
     StreamMaps maps;
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
