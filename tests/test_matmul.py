@@ -637,8 +637,8 @@ def test_gpu_gemm_fp32_scales_beyond_fp16(rng, tiled):
 
 def test_workspace_bytes():
     """The split-K workspace: none below the GEMMs' m (9; 8 for the streamed GEMM of
-    stored weights of 8192 rows) or with enough tiles, some for few tiles and long rows;
-    -1 for negative sizes."""
+    stored weights of 8192 rows) or with enough tiles, some for few tiles and long rows
+    (the tiled GEMM's too); -1 for negative sizes."""
     assert workspace_bytes(8, 4096, 4096) == 0
     assert workspace_bytes(16, 28672, 28672) == 0
     assert workspace_bytes(16, 4096, 4096) > 0
@@ -648,6 +648,9 @@ def test_workspace_bytes():
     # at m = 7 (the staged GEMV)
     assert workspace_bytes(8, 8192, 8192) > 0
     assert workspace_bytes(7, 8192, 8192) == 0
+    # the tiled GEMM takes 256 rows of x a CTA from m = 129 and splits k where the tiles
+    # leave SMs idle: 64 tiles of 8192 rows at m = 256, two splits of 256 x 128 floats each
+    assert workspace_bytes(256, 28672, 8192) >= 64 * 2 * 256 * 128 * 4
     assert workspace_bytes(-1, 1, 1) == -1
 
 

@@ -220,12 +220,27 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
     return plan_for(stream90_bm(m), 132 * ctas, m, k_in, n_out);
 }
 
+// The tiled GEMM's plan (gemm_sm90.cu) above kStream90MaxM (to it, stream90_plan's):
+// 128 rows of x a CTA to m = 128, then 256 where that gives half a wave of tiles or more,
+// split k as plan_for splits. Its 256-row CTAs measured faster than 128-row ones even
+// short of a full wave (H100, bench/RESULTS.md session 12: 4096x4096 m = 1024, 128 tiles,
+// 58 against 73 us; 14336x4096 m = 256, 112 tiles, 57 against 74), as fast with 64 tiles
+// split in two (8192x28672 m = 256: 216 against 219), and 2x slower with 32 split in four
+// (4096x4096 m = 256: 72 against 32; the reduction of 256 x 128 partial sums a CTA).
+inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out) {
+    if (m <= kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
+    const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows;
+    const int bm = m > 128 && tiles_n * ((m + 255) / 256) >= 64 ? 256 : 128;
+    return plan_for(bm, 132, m, k_in, n_out);
+}
+
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     // the streamed GEMM below kGemmMinM only where stored weights take it
     const bool streamed = m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false);
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
+                          tiled90_plan(m, k_in, n_out).workspace,
                           streamed ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;

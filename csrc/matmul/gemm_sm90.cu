@@ -1276,12 +1276,11 @@ template <class T, int K>
 cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k, const void *x,
                          int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
                          void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    // (to m = kStream90MaxM the streamed GEMM's plan, for this kernel's CTAs an SM; then
-    // the prefill GEMM's)
+    // (to m = kStream90MaxM the streamed GEMM's plan, for this kernel's CTAs an SM)
     const int bm = stream90_bm(m);
     const int ctas = bm == 16 ? tiled_ctas<16>() : bm == 32 ? tiled_ctas<32>() : tiled_ctas<64>();
     const GemmPlan plan = m <= kStream90MaxM ? stream90_plan(m, k_in, n_out, ctas)
-                                             : gemm90_plan(m, k_in, n_out);
+                                             : tiled90_plan(m, k_in, n_out);
     switch (plan.bm) {
 #define KBIT_TILED90_BN(BN)                                                                        \
     case BN:                                                                                       \
