@@ -715,6 +715,22 @@ struct StoredKbitSrc {
     }
 };
 
+// A CTA's tables for a source, filled by all its threads and ending at a barrier: the pair
+// table and, where the scales may be E4M4, each code's value times 2^8 as a pair of T.
+// Returns the factor the sums take at the output (what the whole weight shares).
+template <class T, int kCopies, class Src>
+__device__ float fill_source_tables(const Src &src, uint32_t *table, uint32_t *e4m4_pair,
+                                    const float *codebook, int k) {
+    const float out_mul = src.out_mul(fill_pair_table<typename Src::Dec, kCopies>(table, codebook, k));
+    if constexpr (Src::kE4M4Table)
+        for (int c = threadIdx.x; c < 256; c += blockDim.x) {
+            const float f = e4m4_decode(c) * kE4M4Shift;
+            e4m4_pair[c] = pack2(T{}, f, f);
+        }
+    __syncthreads();
+    return out_mul;
+}
+
 template <class Src, int BN>
 struct StreamLayout90 {
     static constexpr int kXRow = kStageK * 2;             // a raw x row
@@ -806,14 +822,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     if (tid == 0)
         for (int q = 0; q < (stages < R ? stages : R); ++q) issue(q);
 
-    // The tables; what the whole weight shares goes to the output.
-    const float out_mul = src.out_mul(fill_pair_table<Dec, C::kCopies>(table, codebook, k));
-    if constexpr (Src::kE4M4Table)
-        for (int c = tid; c < 256; c += kThreads90) {
-            const float f = e4m4_decode(c) * kE4M4Shift;
-            e4m4_pair[c] = pack2(T{}, f, f);
-        }
-    __syncthreads();
+    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
     const auto my_table = lane_table<C::kCopies>(table);
 
     // Permutes a stage's x (in its slot) into x tile `b`, a 16-byte unit of the tile a
@@ -1124,15 +1133,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         for (int i = 0; i < RW; ++i) mbar_init(w_full + 8 * i, 1), mbar_init(w_empty + 8 * i, kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    // The tables (every thread fills, the fill ends at a barrier); what the whole weight
-    // shares goes to the output.
-    const float out_mul = src.out_mul(fill_pair_table<Dec, C::kCopies>(table, codebook, k));
-    if constexpr (Src::kE4M4Table)
-        for (int c = tid; c < 256; c += kTThreads) {
-            const float f = e4m4_decode(c) * kE4M4Shift;
-            e4m4_pair[c] = pack2(T{}, f, f);
-        }
-    __syncthreads();
+    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
 
     constexpr bool kShare = tiled_ctas<BN>() == 1;  // the producer's registers to the consumers
     if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
