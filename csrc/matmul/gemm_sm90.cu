@@ -1017,7 +1017,11 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    wgmmas); BN = 16 and 32 run two CTAs an SM, as the streamed GEMM;
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
 //    the one before (two A buffers, one wgmma group a chunk); it releases a W slot once
-//    its words are loaded and an x half once the wgmmas that read it are done.
+//    its words are loaded and an x half once the wgmmas that read it are done;
+//  - a CTA walks work items (tile, split) gridDim.x apart with one ring (persistent: the
+//    producer runs on into the next item while the consumers store one); K = 2 and 4
+//    take their W box 128-byte swizzled, so that the g's of a shared-memory phase load
+//    from distinct banks (TiledSrc); the plan is tiled90_plan (formats/matmul.h).
 // Rounding, scale shifts, split k and the epilogue are those of the kernels above.
 constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
@@ -1048,7 +1052,7 @@ struct TiledGemmConfig {
     static constexpr int bytes() { return bytes_for(kCopies, kXRing); }
 };
 
-// The consumer warpgroups' own barrier (the producer warp has left).
+// The consumer warpgroups' own barrier (the producer warpgroup has left).
 struct ConsumerSync {
     __device__ __forceinline__ void operator()() const {
         asm volatile("bar.sync 1, %0;" ::"n"(kThreads90) : "memory");
