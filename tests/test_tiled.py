@@ -354,6 +354,24 @@ def test_gpu_streamed_gemm_shapes(rng, k):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_gpu_tiled_gemm_items_and_long_rows(rng, k):
+    """The tiled GEMM on sm_90 where a CTA walks several work items (4100 rows of W and
+    1100 of x: 33 x 5 tiles of 128 x 256, more than the SMs, the last of each partial) and
+    where k is long and split (k_in = 28672, m = 200 on 300 rows), fp16 and bf16 x, every
+    absmax format; against the float64 reference (elsewhere: the mma.sync GEMM)."""
+    for i, (n_out, k_in, m) in enumerate(((4100, 4096, 1100), (300, 28672, 200))):
+        fmt = list(FORMATS)[(i + k) % 3]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(on_cuda(q))
+        for dtype in ("float16", "bfloat16"):
+            x = random_x(rng, (m, k_in), dtype)
+            y = from_cuda(kbit.matmul(cuda_x(x, dtype), t), dtype)
+            check_accuracy(y, reference(x, w64, None, dtype), dtype,
+                           f"tiled GEMM K={k} {fmt} {n_out}x{k_in} m={m}", magnitude(x, w64, dtype))
+
+
+@requires_gpu
 @pytest.mark.parametrize("k,fmt", [(2, "fp32"), (4, "e4m4"), (5, "fp16")])
 def test_gpu_gemm_wide_shapes(rng, k, fmt):
     """Enough output tiles for the GEMM's widest CTA on sm_90 (8500 rows of W are 67 row
