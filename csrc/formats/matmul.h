@@ -176,21 +176,22 @@ inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
 
 // The wgmma GEMM of Hopper GPUs (csrc/matmul/gemm_sm90.cu), from m = kGemm90MinM: CTAs
 // of kGemmRows rows of W by bm = 32, 64, 128 or 256 rows of x (the wgmma's N: the
-// smallest that holds m, and 256 only where that still gives a wave of tiles), one CTA
-// an SM; the split rule of gemm_plan. max_bm: a decoder whose tables leave no room for
-// 256 rows of x takes 128.
+// smallest that holds m, and 256 only where that still gives min_tiles256 tiles: a wave
+// by default), one CTA an SM; the split rule of gemm_plan. max_bm: a decoder whose tables
+// leave no room for 256 rows of x takes 128.
 constexpr int64_t kGemm90MinM = 17;
-inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm = 256) {
+inline GemmPlan gemm90_plan(int64_t m, int64_t k_in, int64_t n_out, int max_bm = 256,
+                            int64_t min_tiles256 = 132) {
     if (m < kGemm90MinM || k_in <= 0 || n_out <= 0) return GemmPlan{};
     const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows;
-    int bm = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 || tiles_n * ((m + 255) / 256) < 132 ? 128 : 256;
+    int bm = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 || tiles_n * ((m + 255) / 256) < min_tiles256 ? 128 : 256;
     return plan_for(bm < max_bm ? bm : max_bm, 132, m, k_in, n_out);
 }
 
-// The streamed wgmma GEMM of tiled kbit weights on Hopper (gemm_sm90.cu) for m =
-// kGemmMinM .. kStream90MaxM: CTAs of kGemmRows rows of W by bm = 16, 32 or 64 rows of x
-// (all of them), `ctas` an SM (1 or 2: the kernel's choice for the decoder), split as
-// gemm_plan splits.
+// The streamed wgmma GEMM of stored kbit and NF4 / FP4 weights on Hopper (gemm_sm90.cu)
+// for m = kStream90StoredMinM .. kStream90MaxM, and the tiled GEMM's plan to that m: CTAs
+// of kGemmRows rows of W by bm = 16, 32 or 64 rows of x (all of them), `ctas` an SM (1 or
+// 2: the kernel's choice for the decoder), split as gemm_plan splits.
 constexpr int64_t kStream90MaxM = 64;
 inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // From m = kGemmMinM it takes weights of kStream90MinRows rows or more; below, m = 9..16
@@ -220,18 +221,18 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
     return plan_for(stream90_bm(m), 132 * ctas, m, k_in, n_out);
 }
 
-// The tiled GEMM's plan (gemm_sm90.cu) above kStream90MaxM (to it, stream90_plan's):
-// 128 rows of x a CTA to m = 128, then 256 where that gives half a wave of tiles or more,
-// split k as plan_for splits. Its 256-row CTAs measured faster than 128-row ones even
-// short of a full wave (H100, bench/RESULTS.md session 12: 4096x4096 m = 1024, 128 tiles,
+// The tiled GEMM's plan (gemm_sm90.cu), `ctas` of its CTAs an SM: to kStream90MaxM
+// stream90_plan's, then 128 rows of x a CTA to m = 128 and 256 where that gives half a
+// wave of tiles or more (kTiled90MinTiles256), split k as plan_for splits. Its 256-row
+// CTAs measured faster than 128-row ones even short of a full wave (H100,
+// bench/RESULTS.md session 12: 4096x4096 m = 1024, 128 tiles,
 // 58 against 73 us; 14336x4096 m = 256, 112 tiles, 57 against 74), as fast with 64 tiles
 // split in two (8192x28672 m = 256: 216 against 219), and 2x slower with 32 split in four
 // (4096x4096 m = 256: 72 against 32; the reduction of 256 x 128 partial sums a CTA).
-inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out) {
-    if (m <= kStream90MaxM || k_in <= 0 || n_out <= 0) return GemmPlan{};
-    const int64_t tiles_n = (n_out + kGemmRows - 1) / kGemmRows;
-    const int bm = m > 128 && tiles_n * ((m + 255) / 256) >= 64 ? 256 : 128;
-    return plan_for(bm, 132, m, k_in, n_out);
+constexpr int64_t kTiled90MinTiles256 = 64;
+inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
+    if (m <= kStream90MaxM) return stream90_plan(m, k_in, n_out, ctas);
+    return gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
 }
 
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
@@ -240,7 +241,7 @@ inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     const bool streamed = m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false);
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
-                          tiled90_plan(m, k_in, n_out).workspace,
+                          gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256).workspace,  // tiled
                           streamed ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;

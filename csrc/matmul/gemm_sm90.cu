@@ -554,16 +554,15 @@ __device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, const uint
     }
 }
 
-// Tiled kbit (read by the tiled GEMM below; the sources share one interface): a warp's
-// unit of (tile, group), its lanes' 8K-byte segments holding exactly their pair indices,
-// `words` a lane's segment, the scales those of its rows' four chunks (1, 2 or 4 bytes
-// each, as stored).
+// Tiled kbit, read by the tiled GEMM below (not by the streamed GEMM: its lanes gather
+// their codes from the segments themselves): a warp's unit of (tile, group), its lanes'
+// 8K-byte segments holding exactly their pair indices, and the scales of its rows' four
+// chunks (1, 2 or 4 bytes each, as stored).
 template <class T, int K>
 struct TiledSrc {
     using Dec = TiledScale<T, K>;
     static constexpr int kWBytes = kSTiles * tiled::kLanes * 8 * K;                // 8 units
     static constexpr int kSBytes = kSTiles * tiled::kTileRows * tiled::kGroupChunks * 4;  // at most
-    static constexpr int kWords = 2 * K;
     static constexpr bool kE4M4Table = true;
     // K = 2 and 4: the tiled GEMM's lanes of one g load the four segments of lanes
     // 4g..4g+3 (64 or 128 bytes); unswizzled, the g's of one shared-memory phase met in the
@@ -584,21 +583,15 @@ struct TiledSrc {
         else tma_load(dst, maps.w, 0, gi, tile0, bar, policy);
         tma_load(dst + kWBytes, maps.scales, 0, gi, tile0, bar, policy);
     }
-    // The lane's offsets in a slot: its segment, its row g's scales (row g + 8's: + 8 rows).
-    __device__ uint32_t w_offset(int warp, int lane) const { return (warp * tiled::kLanes + lane) * 8 * K; }
+    // Row g's scales in a slot (row g + 8's: + s_row8()).
     __device__ uint32_t s_offset(int warp, int g) const {
         return kWBytes + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * dec.sb;
     }
-    __device__ void load_words(uint32_t at, uint32_t (&w)[kWords]) const { load_segment<K>(at, w); }
     // Row g's scales of the stage's chunks as pairs of T.
     __device__ void scales(uint32_t at, int, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
         kbit_scale_pairs<T>(at, dec.sb, e4m4_pair, s);
     }
     __device__ uint32_t s_row8() const { return 8 * tiled::kGroupChunks * dec.sb; }  // row g + 8's
-    // Pair i of chunk v, row half h (0: row g, 1: g + 8): a field of the segment.
-    __device__ static uint32_t index(const uint32_t (&w)[kWords], int v, int h, int i) {
-        return segment_field<K>(w, (2 * v + h) * 4 + i);
-    }
     // The factor the sums take at the output, after the table's fill returned `book`.
     __device__ float out_mul(float book) const {
         return kbit_out_mul(dec, book);
@@ -1025,10 +1018,9 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 // Rounding, scale shifts, split k and the epilogue are those of the kernels above.
 constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
-template <int BN>
-constexpr int tiled_ctas() { return BN <= 32 ? 2 : 1; }
+constexpr int tiled_ctas(int bn) { return bn <= 32 ? 2 : 1; }  // CTAs an SM
 
-template <class Src, int BN, int kCtas = tiled_ctas<BN>()>
+template <class Src, int BN, int kCtas = tiled_ctas(BN)>
 struct TiledGemmConfig {
     using Dec = typename Src::Dec;
     static constexpr int kX = BN * kRowBytes;  // an x half (a multiple of 1024 bytes)
@@ -1090,7 +1082,7 @@ __device__ __forceinline__ uint32_t gathered_field(const uint32_t (&w)[K], int r
 }
 
 template <class T, class Src, int BN>
-__global__ void __launch_bounds__(kTThreads, tiled_ctas<BN>())
+__global__ void __launch_bounds__(kTThreads, tiled_ctas(BN))
 tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
                     int64_t n_out, const typename T::storage *__restrict__ bias,
@@ -1139,7 +1131,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     }
     const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
 
-    constexpr bool kShare = tiled_ctas<BN>() == 1;  // the producer's registers to the consumers
+    constexpr bool kShare = tiled_ctas(BN) == 1;  // the producer's registers to the consumers
     if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
         if constexpr (kShare) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == kThreads90) {
@@ -1147,22 +1139,26 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
             const uint64_t w_policy = m > BN ? evict_last_policy() : evict_first_policy();
             const uint64_t x_policy = evict_last_policy();
             const uint32_t w_bytes = src.stage_bytes();
-            int64_t qg = 0;  // stages issued, all items
+            // ring positions as the consumers keep them; a slot's n-th refill (n >= 1) waits
+            // for its n-th release, the phase of parity (n - 1) & 1
+            int xs = 0, ws = 0;
+            uint32_t x_phase = 0, w_phase = 0;
+            bool x_refill = false, w_refill = false;
             for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
                 const Item w = item_of(it);
-                for (int q = 0; q < w.stages; ++q, ++qg) {
-                    const int gi = w.g_begin + q, ws = static_cast<int>(qg % RW);
-                    if (qg >= RW) mbar_wait(w_empty + 8 * ws, ((qg / RW) - 1) & 1);
+                for (int q = 0; q < w.stages; ++q) {
+                    const int gi = w.g_begin + q;
+                    if (w_refill) mbar_wait(w_empty + 8 * ws, w_phase ^ 1u);
                     mbar_expect(w_full + 8 * ws, w_bytes);
                     src.issue(w_at + ws * C::kW, maps, gi, w.n0, w_full + 8 * ws, w_policy);
+                    if (++ws == RW) ws = 0, w_phase ^= 1u, w_refill = true;
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int64_t hq = 2 * qg + h;
-                        const int xs = static_cast<int>(hq % RX);
-                        if (hq >= RX) mbar_wait(x_empty + 8 * xs, ((hq / RX) - 1) & 1);
+                        if (x_refill) mbar_wait(x_empty + 8 * xs, x_phase ^ 1u);
                         mbar_expect(x_full + 8 * xs, C::kX);
                         tma_load(x_at + xs * C::kX, maps.x, gi * kStageK + h * kBK,
                                  static_cast<int>(w.m0), x_full + 8 * xs, x_policy);
+                        if (++xs == RX) xs = 0, x_phase ^= 1u, x_refill = true;
                     }
                 }
             }
@@ -1246,13 +1242,12 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 }
 
 template <class T, int K, int BN>
-cudaError_t launch_tiled_bn(const TiledSrc<T, K> &tiled, const float *codebook, int k,
+cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
                             const void *bias, void *y, const GemmPlan &plan, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream) {
     using Src = TiledSrc<T, K>;
     using C = TiledGemmConfig<Src, BN>;
-    const Src &src = tiled;
     StreamMaps maps;
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
@@ -1268,7 +1263,7 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &tiled, const float *codebook, 
     if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
         return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
-    const int64_t items = plan.tiles * sp.splits, room = static_cast<int64_t>(sms) * tiled_ctas<BN>();
+    const int64_t items = plan.tiles * sp.splits, room = static_cast<int64_t>(sms) * tiled_ctas(BN);
     using St = typename T::storage;
     cudaGetLastError();
     kernel<<<static_cast<unsigned>(items < room ? items : room), kTThreads, C::bytes(), stream>>>(
@@ -1281,11 +1276,7 @@ template <class T, int K>
 cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k, const void *x,
                          int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
                          void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    // (to m = kStream90MaxM the streamed GEMM's plan, for this kernel's CTAs an SM)
-    const int bm = stream90_bm(m);
-    const int ctas = bm == 16 ? tiled_ctas<16>() : bm == 32 ? tiled_ctas<32>() : tiled_ctas<64>();
-    const GemmPlan plan = m <= kStream90MaxM ? stream90_plan(m, k_in, n_out, ctas)
-                                             : tiled90_plan(m, k_in, n_out);
+    const GemmPlan plan = tiled90_plan(m, k_in, n_out, tiled_ctas(stream90_bm(m)));
     switch (plan.bm) {
 #define KBIT_TILED90_BN(BN)                                                                        \
     case BN:                                                                                       \

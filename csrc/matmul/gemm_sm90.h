@@ -45,12 +45,11 @@ bool streams(const Bnb4Weight &w, int64_t k_in, int64_t n_out);
 bool streams(const KbitWeight &w, int64_t k_in, int64_t n_out);
 
 // y = x · Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned; the stored W's arrays 4-byte
-// aligned): a tiled kbit weight by the tiled GEMM at any m from kGemmMinM (its plan that of
-// the streamed GEMM to m = 16, the prefill GEMM's beyond); stored kbit and NF4 / FP4 by
-// the streamed GEMM at m = kStream90StoredMinM .. kStream90MaxM rows where streams(), else
-// m >= kGemm90MinM by the prefill GEMM; split k through the workspace where the plan asks
-// for it (formats/matmul.h: stream90_plan, gemm90_plan) and the workspace is large
-// enough, else one split.
+// aligned): a tiled kbit weight by the tiled GEMM at any m from kGemmMinM; stored kbit and
+// NF4 / FP4 by the streamed GEMM at m = kStream90StoredMinM .. kStream90MaxM rows where
+// streams(), else m >= kGemm90MinM by the prefill GEMM; split k through the workspace
+// where the plan asks for it (formats/matmul.h: tiled90_plan, stream90_plan, gemm90_plan)
+// and the workspace is large enough, else one split.
 cudaError_t matmul(const KbitWeight &w, kbit_dtype dtype, const void *x, int64_t m, int64_t k_in,
                    int64_t n_out, const void *bias, void *y, void *workspace,
                    size_t workspace_bytes, cudaStream_t stream);
