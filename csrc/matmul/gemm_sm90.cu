@@ -1020,6 +1020,77 @@ constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
 constexpr int tiled_ctas(int bn) { return bn <= 32 ? 2 : 1; }  // CTAs an SM
 
+// y from the accumulators through shared memory (splits == 1, n_out % 8 == 0, y on 16
+// bytes): each warp turns its 16 rows of W by BN rows of x into T (times out_mul, plus
+// bias) and stores them with stmatrix, transposed, into its own buffer as kEpiCols rows of
+// x of 16 consecutive W rows (32 bytes), then writes each as two 16-byte stores, y's
+// contiguous direction. The per-element stores (epilogue above) wrote 2 bytes a lane at 4
+// places a warp instruction, about 20 instructions an element with their bounds and bias:
+// at k_in = 4096 a tenth of a prefill tile's time with the tensor cores idle.
+// Where BN >= 64 (one CTA an SM: at BN = 16 and 32 it cost registers, and the loop spilled,
+// for a few stores a tile).
+constexpr bool staged_epilogue(int bn) { return bn >= 64; }
+constexpr int kEpiCols = 32;  // rows of x a round
+constexpr int epi_bytes(int bn) { return staged_epilogue(bn) ? kThreads90 / 32 * kEpiCols * 32 : 0; }
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t at, uint32_t a, uint32_t b, uint32_t c,
+                                                  uint32_t d) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
+                 "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+__device__ __forceinline__ uint4 lds_u32x4_ordered(uint32_t at) {  // (after the stores above)
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at)
+                 : "memory");
+    return v;
+}
+template <class T, int BN>
+__device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int64_t n0, int64_t m0,
+                                                  int64_t m, int64_t n_out, float out_mul,
+                                                  const typename T::storage *__restrict__ bias,
+                                                  typename T::storage *__restrict__ y,
+                                                  uint32_t staging) {
+    constexpr int kCols = kEpiCols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = n0 + 16 * warp + (lane >> 2);  // the lane's rows: row, row + 8
+    const float b0 = bias && row < n_out ? load_f32(T{}, bias[row]) : 0.0f;
+    const float b1 = bias && row + 8 < n_out ? load_f32(T{}, bias[row + 8]) : 0.0f;
+    const uint32_t mine = staging + warp * kCols * 32;
+    // stmatrix: lane 8 q + i addresses column i of matrix q = (x rows 8 (j + q / 2) ..,
+    // W rows 8 (q % 2) ..), stored at x row (its index in the round) * 32 + W half * 16
+    const uint32_t st_at = mine + ((lane >> 4) * 8 + (lane & 7)) * 32 + ((lane >> 3) & 1) * 16;
+    // the stores: lane l's 16 bytes p are x row 16 p + l / 2 of the round, W rows 8 (l % 2) ..
+    const int64_t vrow = n0 + 16 * warp + 8 * (lane & 1);
+    const bool row_in = vrow + 8 <= n_out;  // (n_out % 8 == 0: all eight rows or none)
+#pragma unroll
+    for (int c0 = 0; c0 < BN; c0 += kCols) {
+#pragma unroll
+        for (int j = c0 / 8; j < (c0 + kCols) / 8; j += 2) {
+            uint32_t r[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int i = 4 * (j + q / 2) + 2 * (q % 2);
+                const float b = q % 2 ? b1 : b0;
+                r[q] = pack2(T{}, fmaf(acc[i], out_mul, b), fmaf(acc[i + 1], out_mul, b));
+            }
+            stmatrix_x4_trans(st_at + (j - c0 / 8) * 8 * 32, r[0], r[1], r[2], r[3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int p = 0; p < kCols * 32 / 512; ++p) {
+            const uint4 v = lds_u32x4_ordered(mine + (32 * p + lane) * 16);
+            const int64_t xr = m0 + c0 + 16 * p + (lane >> 1);
+            if (row_in && xr < m)
+                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y + xr * n_out + vrow),
+                             "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                             : "memory");
+        }
+        __syncwarp();
+    }
+}
+
 template <class Src, int BN, int kCtas = tiled_ctas(BN)>
 struct TiledGemmConfig {
     using Dec = typename Src::Dec;
@@ -1028,7 +1099,8 @@ struct TiledGemmConfig {
     static constexpr int kW = (Src::kWBytes + Src::kSBytes + kAlignW - 1) / kAlignW * kAlignW;  // a W stage
     // x halves in flight, and W stages enough for them and one more
     static constexpr int bytes_for(int copies, int x_ring) {
-        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + 4 * Dec::kEntries * copies;
+        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + 4 * Dec::kEntries * copies +
+               epi_bytes(BN);
     }
     static constexpr int kBudget = (kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024) - kStatic;
     static constexpr int ring(int copies) {
@@ -1177,6 +1249,10 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t line_xor = pinned(Src::kSwizzled ? ((seg_rel >> 7) & 7) << 4 : 0u);
     const uint32_t s_at = pinned(w_at + src.s_offset(warp, g));
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
+    // y through the staging buffer after the table where the stores can be 16 bytes
+    const uint32_t staging = smem_address(table) + 4 * Dec::kEntries * C::kCopies;
+    const bool staged_y = staged_epilogue(BN) && splits == 1 && n_out % 8 == 0 &&
+                          reinterpret_cast<uintptr_t>(y) % 16 == 0;
 
     float acc[kAcc];  // (each item's first wgmma overwrites them)
 #pragma unroll
@@ -1236,8 +1312,11 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         }
         wgmma_wait<0>();
         fence_operands(acc);
-        epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, item.split, splits,
-                    partials, counters, ConsumerSync{});
+        if (staged_y)  // (false where BN < 64)
+            store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
+        else
+            epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, item.split,
+                        splits, partials, counters, ConsumerSync{});
     }
 }
 
