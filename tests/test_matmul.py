@@ -651,6 +651,10 @@ def test_workspace_bytes():
     # the tiled GEMM takes 256 rows of x a CTA from m = 129 and splits k where the tiles
     # leave SMs idle: 64 tiles of 8192 rows at m = 256, two splits of 256 x 128 floats each
     assert workspace_bytes(256, 28672, 8192) >= 64 * 2 * 256 * 128 * 4
+    # and where whole waves of its tiles leave a last one at most half full, the last
+    # one's tiles split: 14336 rows at m = 1024 are 448 tiles, 52 past three waves
+    assert workspace_bytes(1024, 4096, 14336) >= 52 * 2 * 256 * 128 * 4
+    assert workspace_bytes(1024, 4096, 8192) == 0  # 256 tiles: 124 past one wave
     assert workspace_bytes(-1, 1, 1) == -1
 
 

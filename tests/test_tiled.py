@@ -372,6 +372,45 @@ def test_gpu_tiled_gemm_items_and_long_rows(rng, k):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", [3, 4])
+def test_gpu_tiled_gemm_tail_split(rng, k):
+    """The tiled GEMM's plan on sm_90 where whole waves of tiles leave a last one at most
+    half full: those last tiles split k, the others do not (4480 x 2048, m = 1000: 35 x 4
+    tiles of 128 x 256, 8 past one wave, split four ways; 4100 x 1024, m = 1030: 33 x 5, 33
+    past, split in two, W and x partial in their last tiles); y through the 16-byte
+    epilogue (n_out % 8 == 0) and the per-element one, with bias; through the C entry with
+    the workspace and without it (no split), the workspace left zeroed; against the
+    float64 reference."""
+    import torch
+    stream = torch.cuda.current_stream().cuda_stream
+    for i, (n_out, k_in, m, dtype) in enumerate(((4480, 2048, 1000, "float16"),
+                                                 (4100, 1024, 1030, "bfloat16"))):
+        fmt = list(FORMATS)[(i + k) % 3]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(on_cuda(q))
+        x = random_x(rng, (m, k_in), dtype)
+        bias = random_x(rng, (n_out,), dtype)
+        x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
+        y_ref = reference(x, w64, bias, dtype)
+        nbytes = workspace_bytes(m, k_in, n_out)
+        assert nbytes > 0, "the last wave's tiles split k"
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        for use_ws in (False, True):
+            y_t = poisoned_cuda((m, n_out), dtype)
+            status = function("kbit_matmul_kbit_tiled")(
+                x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
+                t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
+                b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
+                nbytes if use_ws else 0, stream)
+            assert status == S_OK
+            torch.cuda.synchronize()
+            check_accuracy(from_cuda(y_t, dtype), y_ref, dtype,
+                           f"tiled GEMM tail split K={k} {fmt} {n_out}x{k_in} m={m} ws={use_ws}",
+                           magnitude(x, w64, dtype))
+            assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+
+
+@requires_gpu
 @pytest.mark.parametrize("k,fmt", [(2, "fp32"), (4, "e4m4"), (5, "fp16")])
 def test_gpu_gemm_wide_shapes(rng, k, fmt):
     """Enough output tiles for the GEMM's widest CTA on sm_90 (8500 rows of W are 67 row

@@ -144,6 +144,7 @@ struct GemmPlan {
     int64_t tiles = 0;    // output tiles (CTAs per split)
     int64_t stages = 0;   // k stages of a row
     int splits = 1;       // CTAs per tile along k (1: no workspace needed)
+    int64_t whole = 0;    // tiled90_plan: tiles [0, whole) not split, only the rest
     int64_t workspace = 0;
 };
 
@@ -229,10 +230,24 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
 // 58 against 73 us; 14336x4096 m = 256, 112 tiles, 57 against 74), as fast with 64 tiles
 // split in two (8192x28672 m = 256: 216 against 219), and 2x slower with 32 split in four
 // (4096x4096 m = 256: 72 against 32; the reduction of 256 x 128 partial sums a CTA).
+// Where its tiles make whole waves and a last one at most half full (14336x4096 m = 1024:
+// 448 tiles, 3.4 waves), the tiles of the last wave split k (so it takes half the time or
+// less) and the others do not: `whole` tiles, then tiles - whole split `splits` ways.
 constexpr int64_t kTiled90MinTiles256 = 64;
+constexpr int64_t kTiled90Room = 132;  // CTAs a wave (one an SM from m = 65)
 inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     if (m <= kStream90MaxM) return stream90_plan(m, k_in, n_out, ctas);
-    return gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
+    GemmPlan p = gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
+    const int64_t tail = p.tiles % kTiled90Room;
+    if (p.splits > 1 || p.tiles < kTiled90Room || tail == 0 || 2 * tail > kTiled90Room) return p;
+    int64_t s = kTiled90Room / tail;
+    if (s > p.stages / 8) s = p.stages / 8;
+    if (s > 16) s = 16;
+    if (s < 2) return p;
+    p.whole = p.tiles - tail;
+    p.splits = static_cast<int>(s);
+    p.workspace = tail * s * p.bm * kGemmRows * 4 + (tail * 4 + 15) / 16 * 16;
+    return p;
 }
 
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
@@ -241,7 +256,7 @@ inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     const bool streamed = m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false);
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
-                          gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256).workspace,  // tiled
+                          m > kStream90MaxM ? tiled90_plan(m, k_in, n_out, 1).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;

@@ -537,46 +537,63 @@ __device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t
 }
 
 // Split k: this split's partial tile goes to the workspace in the threads' own order
-// (coalesced); the last split of the tile to arrive (a counter a tile) adds all of them in
-// split order (deterministic), clears them and the counter, and stores each sum through
-// store(i, v); the other splits return. kPer values a thread, kN threads (the first kN
-// of the CTA), which meet through sync (default: the CTA's barrier).
+// (coalesced, 16 bytes a store: values 4 j .. 4 j + 3 of thread tid at float4 j kN + tid);
+// the last split of the tile to arrive (a counter a tile) reads all of them back in split
+// order (deterministic: the same bits whichever CTA comes last) into acc, clears them and
+// the counter, and returns true; the other splits return false. kPer values a thread
+// (a multiple of 4), kN threads (the first kN of the CTA), which meet through sync
+// (default: the CTA's barrier).
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
-template <int kPer, int kN, class Store, class Sync = BlockSync>
-__device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t tile, int split,
-                                              int splits, float *partials, unsigned *counters,
-                                              Store &&store, Sync sync = {}) {
+template <int kPer, int kN, class Sync = BlockSync>
+__device__ __forceinline__ bool sum_splits(float (&acc)[kPer], int64_t tile, int split, int splits,
+                                           float *partials, unsigned *counters, Sync sync = {}) {
+    static_assert(kPer % 4 == 0, "partials go in 16-byte stores");
+    constexpr int kVec = kPer / 4;
     const int tid = threadIdx.x;
-    float *mine = partials + (tile * splits + split) * (kPer * kN);
+    float4 *all = reinterpret_cast<float4 *>(partials + tile * splits * (kPer * kN)) + tid;
+    float4 *mine = all + split * (kVec * kN);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) mine[i * kN + tid] = acc[i];
+    for (int j = 0; j < kVec; ++j)
+        mine[j * kN] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
     __threadfence();
     sync();
     __shared__ bool last;
     if (tid == 0) last = atomicAdd(counters + tile, 1u) == static_cast<unsigned>(splits - 1);
     sync();
-    if (!last) return;
+    if (!last) return false;
     __threadfence();
-    // The splits' sums in split order (the same bits whichever CTA comes last), a split's
-    // kPer loads in flight at once (one round trip to L2 a split, not one a value), each
-    // partial zeroed behind its read for the next call; this CTA's own from registers.
-    float *all = partials + tile * splits * (kPer * kN) + tid;
-    float v[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) v[i] = 0.0f;
+    // a split's kVec loads in flight at once (one round trip to L2 a split, not one a
+    // value), each partial zeroed behind its read for the next call (SPEC 6)
 #pragma unroll 1
     for (int sp = 0; sp < splits; ++sp) {
-        float *part = all + sp * (kPer * kN);
+        float4 *part = all + sp * (kVec * kN);
 #pragma unroll
-        for (int i = 0; i < kPer; ++i) v[i] += sp == split ? acc[i] : __ldcg(part + i * kN);
+        for (int j = 0; j < kVec; ++j) {
+            const float4 v = __ldcg(part + j * kN);
+            acc[4 * j] = sp ? acc[4 * j] + v.x : v.x;
+            acc[4 * j + 1] = sp ? acc[4 * j + 1] + v.y : v.y;
+            acc[4 * j + 2] = sp ? acc[4 * j + 2] + v.z : v.z;
+            acc[4 * j + 3] = sp ? acc[4 * j + 3] + v.w : v.w;
+        }
 #pragma unroll
-        for (int i = 0; i < kPer; ++i) part[i * kN] = 0.0f;
+        for (int j = 0; j < kVec; ++j) part[j * kN] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    if (tid == 0) counters[tile] = 0u;
+    return true;
+}
+// The same, the last split storing each sum through store(i, v).
+template <int kPer, int kN, class Store, class Sync = BlockSync>
+__device__ __forceinline__ void reduce_splits(const float (&acc)[kPer], int64_t tile, int split,
+                                              int splits, float *partials, unsigned *counters,
+                                              Store &&store, Sync sync = {}) {
+    float v[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[i] = acc[i];
+    if (!sum_splits<kPer, kN>(v, tile, split, splits, partials, counters, sync)) return;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) store(i, v[i]);
-    if (tid == 0) counters[tile] = 0u;
 }
 
 // The output tile of CTA `tile`: W rows from n0, x rows from m0. Tiles go in groups of
@@ -629,12 +646,13 @@ struct SplitArgs {
 };
 inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_t workspace_bytes) {
     SplitArgs a;
-    if (plan.splits < 2 || workspace == nullptr || workspace_bytes < static_cast<size_t>(plan.workspace))
+    if (plan.splits < 2 || workspace == nullptr || workspace_bytes < static_cast<size_t>(plan.workspace) ||
+        reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
         return a;
     a.splits = plan.splits;
     a.partials = static_cast<float *>(workspace);
     a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
-                                              plan.tiles * a.splits * bm * kGemmRows * 4);
+                                              (plan.tiles - plan.whole) * a.splits * bm * kGemmRows * 4);
     return a;
 }
 

@@ -1159,7 +1159,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
                     int64_t n_out, const typename T::storage *__restrict__ bias,
                     typename T::storage *__restrict__ y, int splits, float *__restrict__ partials,
-                    unsigned *__restrict__ counters, const __grid_constant__ StreamMaps maps) {
+                    unsigned *__restrict__ counters, int64_t whole,
+                    const __grid_constant__ StreamMaps maps) {
     using Dec = typename Src::Dec;
     using C = TiledGemmConfig<Src, BN>;
     static_assert(C::kBuilt, "the x ring needs four halves");
@@ -1176,25 +1177,31 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // Work items (tile, split), split-major, gridDim.x apart: a CTA walks its items with
-    // one ring, the producer running on into the next item while the consumers store one.
+    // Work items, gridDim.x apart: tiles [0, whole) whole, then (tile, split) of the other
+    // tiles, split-major (`slot`: the tile's place in the workspace). A CTA walks its items
+    // with one ring, the producer running on into the next item while the consumers store
+    // one.
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
     const int64_t tiles = ((m + BN - 1) / BN) * ((n_out + kGemmRows - 1) / kGemmRows);
+    const int64_t split_tiles = tiles - whole;
     struct Item {
-        int64_t tile, n0, m0;
-        int split, g_begin, stages;
+        int64_t tile, slot, n0, m0;
+        int split, splits, g_begin, stages;
     };
     auto item_of = [&](int64_t it) {
         Item w;
-        w.tile = it % tiles;
-        w.split = static_cast<int>(it / tiles);
+        const int64_t j = it - whole;
+        w.slot = j < 0 ? 0 : j % split_tiles;
+        w.tile = j < 0 ? it : whole + w.slot;
+        w.split = j < 0 ? 0 : static_cast<int>(j / split_tiles);
+        w.splits = j < 0 ? 1 : splits;
         const gemm::TileOrigin origin = gemm::tile_origin(w.tile, m, n_out, BN);
         w.n0 = origin.n0, w.m0 = origin.m0;
-        w.g_begin = static_cast<int>(groups * w.split / splits);
-        w.stages = static_cast<int>(groups * (w.split + 1) / splits) - w.g_begin;  // >= 1
+        w.g_begin = static_cast<int>(groups * w.split / w.splits);
+        w.stages = static_cast<int>(groups * (w.split + 1) / w.splits) - w.g_begin;  // >= 1
         return w;
     };
-    const int64_t items = tiles * splits;
+    const int64_t items = whole + split_tiles * splits;
 
     if (tid == 0) {
         for (int i = 0; i < RX; ++i) mbar_init(x_full + 8 * i, 1), mbar_init(x_empty + 8 * i, kThreads90);
@@ -1251,8 +1258,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
     // y through the staging buffer after the table where the stores can be 16 bytes
     const uint32_t staging = smem_address(table) + 4 * Dec::kEntries * C::kCopies;
-    const bool staged_y = staged_epilogue(BN) && splits == 1 && n_out % 8 == 0 &&
-                          reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    const bool staged_y = staged_epilogue(BN) && n_out % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
 
     float acc[kAcc];  // (each item's first wgmma overwrites them)
 #pragma unroll
@@ -1312,11 +1318,16 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         }
         wgmma_wait<0>();
         fence_operands(acc);
+        // a split item's last to arrive stores the sums, in acc
+        if (item.splits > 1 &&
+            !gemm::sum_splits<kAcc, kThreads90>(acc, item.slot, item.split, item.splits, partials,
+                                                counters, ConsumerSync{}))
+            continue;
         if (staged_y)  // (false where BN < 64)
             store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
         else
-            epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, item.split,
-                        splits, partials, counters, ConsumerSync{});
+            epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, 0, 1, nullptr,
+                        nullptr, ConsumerSync{});
     }
 }
 
@@ -1342,12 +1353,14 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
     if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
         return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
-    const int64_t items = plan.tiles * sp.splits, room = static_cast<int64_t>(sms) * tiled_ctas(BN);
+    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
+    const int64_t items = whole + (plan.tiles - whole) * sp.splits,
+                  room = static_cast<int64_t>(sms) * tiled_ctas(BN);
     using St = typename T::storage;
     cudaGetLastError();
     kernel<<<static_cast<unsigned>(items < room ? items : room), kTThreads, C::bytes(), stream>>>(
         src, codebook, k, static_cast<const St *>(x), m, k_in, n_out, static_cast<const St *>(bias),
-        static_cast<St *>(y), sp.splits, sp.partials, sp.counters, maps);
+        static_cast<St *>(y), sp.splits, sp.partials, sp.counters, whole, maps);
     return launch_error();
 }
 
