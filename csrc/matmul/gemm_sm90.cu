@@ -1274,6 +1274,11 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         const Item item = item_of(it);
         for (int q = 0; q < item.stages; ++q) {
             const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
+            // the g's segments in the slot: their span (4 x 8K bytes) starts on its own
+            // size, so a load at `at` is seg_base ^ at, swizzled ^ line_xor too (one LOP3);
+            // line_xor pinned a stage, or ptxas keeps eight such addresses a lane across
+            // the loop (N = 256 spilled and reloaded them every stage)
+            const uint32_t seg_base = seg_at + w_slot, lx = pinned(line_xor);
             uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
             src.scales(s_at + w_slot, item.g_begin + q, e4m4_pair, sa);
             src.scales(s_at + w_slot + src.s_row8(), item.g_begin + q, e4m4_pair, sc);
@@ -1283,7 +1288,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) {
                     const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
-                    load_half_segment<K>(((seg_at + at) ^ line_xor) + w_slot, w[sq]);
+                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at, w[sq]);
                 }
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
