@@ -228,11 +228,13 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
 // CTAs measured faster than 128-row ones even short of a full wave (H100,
 // bench/RESULTS.md session 12: 4096x4096 m = 1024, 128 tiles,
 // 58 against 73 us; 14336x4096 m = 256, 112 tiles, 57 against 74), as fast with 64 tiles
-// split in two (8192x28672 m = 256: 216 against 219), and 2x slower with 32 split in four
-// (4096x4096 m = 256: 72 against 32; the reduction of 256 x 128 partial sums a CTA).
+// split in two (8192x28672 m = 256: 216 against 219), and slower with 32 split in four
+// (4096x4096 m = 256: 72 against 32 us; again with the 16-byte partial sums of session
+// 13: 52 against 30.6).
 // Where its tiles make whole waves and a last one at most half full (14336x4096 m = 1024:
 // 448 tiles, 3.4 waves), the tiles of the last wave split k (so it takes half the time or
-// less) and the others do not: `whole` tiles, then tiles - whole split `splits` ways.
+// less) and the others do not: `whole` tiles, then tiles - whole split `splits` ways
+// (measured 3% faster there, session 13).
 constexpr int64_t kTiled90MinTiles256 = 64;
 constexpr int64_t kTiled90Room = 132;  // CTAs a wave (one an SM from m = 65)
 inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
