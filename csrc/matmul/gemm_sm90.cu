@@ -835,9 +835,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
         fence_proxy_async();
     };
 
-    float acc[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    float acc[kAcc];  // (the first wgmma writes them: D = A B)
     uint32_t a[2][4][4];  // the two halves' A fragments: k16 step j of chunks 2h, 2h + 1
     // (rows past n_out decode the zeros the TMA gives them: no branch)
     const uint32_t w_at = pinned(ring_at + src.w_offset(warp, lane));
@@ -875,7 +873,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
             for (int j = 0; j < 4; ++j)
                 wgmma(typename NTag<BN>::type{}, T{}, acc, a[h][j],
-                      b + ((h * (BN * kRowBytes) + 32 * j) >> 4), 1);
+                      b + ((h * (BN * kRowBytes) + 32 * j) >> 4), q + h + j > 0);
             wgmma_commit();
         };
         half(std::integral_constant<int, 0>{});
