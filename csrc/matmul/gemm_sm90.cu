@@ -1002,10 +1002,11 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    and a producer warpgroup whose first lane issues the copies: W and its scales a
 //    128-k stage into a W ring, x a 64-k half (BN rows of 128 bytes) into an x ring; each
 //    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
-//    barrier. With one CTA an SM (BN >= 64) the producer gives its registers to the
-//    consumers (setmaxnreg: 40 and 232 a thread; at launch a whole warpgroup counts, so
-//    with a producer warp alone ptxas allowed 168, and BN = 256 spilled and serialized its
-//    wgmmas); BN = 16 and 32 run two CTAs an SM, as the streamed GEMM;
+//    barrier. The producer gives its registers to the consumers (setmaxnreg: 40 a thread,
+//    the consumers 232 with one CTA an SM (BN >= 64), 96 with two (BN = 16 and 32, as
+//    the streamed GEMM): at launch a whole warpgroup counts, so with a producer warp alone
+//    ptxas allowed 168, and BN = 256 spilled and serialized its wgmmas; at 80 a thread
+//    BN = 16 and 32 spilled in the loop);
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
 //    the one before (two A buffers, one wgmma group a chunk); it releases a W slot once
 //    its words are loaded and an x half once the wgmmas that read it are done;
@@ -1208,9 +1209,11 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     }
     const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
 
-    constexpr bool kShare = tiled_ctas(BN) == 1;  // the producer's registers to the consumers
+    // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
+    // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024)
+    constexpr int kConsumerRegs = tiled_ctas(BN) == 1 ? 232 : 96;
     if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
-        if constexpr (kShare) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == kThreads90) {
             // W is read again by the CTAs of the other tiles of x, if any
             const uint64_t w_policy = m > BN ? evict_last_policy() : evict_first_policy();
@@ -1243,7 +1246,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         return;
     }
 
-    if constexpr (kShare) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const auto my_table = lane_table<C::kCopies>(table);
     const int g = lane >> 2, t = lane & 3;
     // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: a load's
