@@ -372,6 +372,30 @@ def test_gpu_tiled_gemm_items_and_long_rows(rng, k):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k,fmt", [(4, "e4m4"), (2, "fp16")])
+def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
+    """m = 33..64 on a weight of 2^27 elements (8192 x 16384), where the tiled GEMM on
+    sm_90 runs two CTAs an SM at N = 64 (smaller weights: one), split k, fp16 and bf16 x,
+    with bias; everything made on the GPU, against x times the dequantized W in float32
+    (kbit.dequantize: exact per format)."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w = torch.randn(8192, 16384, device="cuda", generator=g)
+    q = kbit.quantize(w, k=k, absmax=fmt)
+    del w
+    w32 = kbit.dequantize(q, dtype="float32")
+    t = kbit.tile(q)
+    for m, dtype in ((64, torch.float16), (40, torch.bfloat16)):
+        x = torch.randn(m, 16384, device="cuda", generator=g).to(dtype)
+        bias = torch.randn(8192, device="cuda", generator=g).to(dtype)
+        y = kbit.matmul(x, t, bias).float()
+        ref = x.float() @ w32.T + bias.float()
+        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+        tol = TOL["float16" if dtype == torch.float16 else "bfloat16"]
+        assert err <= tol, f"K={k} {fmt} m={m} {dtype}: relative error {err:.3g} > {tol}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", [3, 4])
 def test_gpu_tiled_gemm_tail_split(rng, k):
     """The tiled GEMM's plan on sm_90 where whole waves of tiles leave a last one at most

@@ -1003,8 +1003,8 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    128-k stage into a W ring, x a 64-k half (BN rows of 128 bytes) into an x ring; each
 //    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
 //    barrier. The producer gives its registers to the consumers (setmaxnreg: 40 a thread,
-//    the consumers 232 with one CTA an SM (BN >= 64), 96 with two (BN = 16 and 32, as
-//    the streamed GEMM): at launch a whole warpgroup counts, so with a producer warp alone
+//    the consumers 232 with one CTA an SM, 96 with two (BN = 16 and 32, as the streamed
+//    GEMM, and 64 on large weights: tiled_ctas): at launch a whole warpgroup counts, so with a producer warp alone
 //    ptxas allowed 168, and BN = 256 spilled and serialized its wgmmas; at 80 a thread
 //    BN = 16 and 32 spilled in the loop);
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
@@ -1017,7 +1017,18 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 // Rounding, scale shifts, split k and the epilogue are those of the kernels above.
 constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
-constexpr int tiled_ctas(int bn) { return bn <= 32 ? 2 : 1; }  // CTAs an SM
+// CTAs an SM: two for N = 16 and 32; for N = 64 (m = 33..64) two on weights of
+// kTiled90TwoCtaWeights or more, else one: four consumer warpgroups an SM hide more of the
+// decode's latency where the plan has enough work items for two CTAs on every SM
+// (8192x28672 and 28672x8192 m = 64: 96.4 / 104.3 against 87.6 / 87.7 us), but where it
+// does not the extra splits and the uneven second CTAs cost more (4096x4096, 14336x4096,
+// 4096x14336: 20.9 / 31.7 / 35.3 against 27.7 / 35.2 / 39.4; H100, bench/RESULTS.md
+// session 13).
+constexpr int64_t kTiled90TwoCtaWeights = int64_t{1} << 27;
+inline int tiled_ctas(int64_t m, int64_t k_in, int64_t n_out) {
+    const int bn = static_cast<int>(stream90_bm(m));
+    return m > kStream90MaxM ? 1 : bn <= 32 || n_out * k_in >= kTiled90TwoCtaWeights ? 2 : 1;
+}
 
 // y from the accumulators through shared memory (splits == 1, n_out % 8 == 0, y on 16
 // bytes): each warp turns its 16 rows of W by BN rows of x into T (times out_mul, plus
@@ -1090,7 +1101,7 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
     }
 }
 
-template <class Src, int BN, int kCtas = tiled_ctas(BN)>
+template <class Src, int BN, int kCtas>
 struct TiledGemmConfig {
     using Dec = typename Src::Dec;
     static constexpr int kX = BN * kRowBytes;  // an x half (a multiple of 1024 bytes)
@@ -1152,8 +1163,8 @@ __device__ __forceinline__ uint32_t gathered_field(const uint32_t (&w)[K], int r
     else return segment_field<K>(w, 4 * r);
 }
 
-template <class T, class Src, int BN>
-__global__ void __launch_bounds__(kTThreads, tiled_ctas(BN))
+template <class T, class Src, int BN, int kCtas>
+__global__ void __launch_bounds__(kTThreads, kCtas)
 tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
                     int64_t n_out, const typename T::storage *__restrict__ bias,
@@ -1161,7 +1172,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     unsigned *__restrict__ counters, int64_t whole,
                     const __grid_constant__ StreamMaps maps) {
     using Dec = typename Src::Dec;
-    using C = TiledGemmConfig<Src, BN>;
+    using C = TiledGemmConfig<Src, BN, kCtas>;
     static_assert(C::kBuilt, "the x ring needs four halves");
     constexpr int RX = C::kXRing, RW = C::kWRing, K = Dec::kK;
     constexpr int kAcc = BN / 2;
@@ -1210,8 +1221,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
 
     // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
-    // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024)
-    constexpr int kConsumerRegs = tiled_ctas(BN) == 1 ? 232 : 96;
+    // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024;
+    // N = 64 at two CTAs: 80 a consumer spilled in the loop)
+    constexpr int kConsumerRegs = kCtas == 1 ? 232 : 96;
     if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == kThreads90) {
@@ -1337,13 +1349,13 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     }
 }
 
-template <class T, int K, int BN>
+template <class T, int K, int BN, int kCtas>
 cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
                             const void *bias, void *y, const GemmPlan &plan, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream) {
     using Src = TiledSrc<T, K>;
-    using C = TiledGemmConfig<Src, BN>;
+    using C = TiledGemmConfig<Src, BN, kCtas>;
     StreamMaps maps;
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
@@ -1354,14 +1366,14 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
                      CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
     // one CTA a work item (tile, split), at most as many as the SMs hold
-    constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN>;
+    constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas>;
     int sms = 0;
     if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
         return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     const int64_t whole = sp.splits > 1 ? plan.whole : 0;
     const int64_t items = whole + (plan.tiles - whole) * sp.splits,
-                  room = static_cast<int64_t>(sms) * tiled_ctas(BN);
+                  room = static_cast<int64_t>(sms) * kCtas;
     using St = typename T::storage;
     cudaGetLastError();
     kernel<<<static_cast<unsigned>(items < room ? items : room), kTThreads, C::bytes(), stream>>>(
@@ -1374,18 +1386,22 @@ template <class T, int K>
 cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k, const void *x,
                          int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
                          void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    const GemmPlan plan = tiled90_plan(m, k_in, n_out, tiled_ctas(stream90_bm(m)));
+    const int ctas = tiled_ctas(m, k_in, n_out);
+    const GemmPlan plan = tiled90_plan(m, k_in, n_out, ctas);
+    auto launch = [&](auto bn, auto kctas) {
+        return launch_tiled_bn<T, K, decltype(bn)::value, decltype(kctas)::value>(
+            src, codebook, k, x, m, k_in, n_out, bias, y, plan, workspace, workspace_bytes, stream);
+    };
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
     switch (plan.bm) {
-#define KBIT_TILED90_BN(BN)                                                                        \
-    case BN:                                                                                       \
-        return launch_tiled_bn<T, K, BN>(src, codebook, k, x, m, k_in, n_out, bias, y, plan,     \
-                                         workspace, workspace_bytes, stream);
-        KBIT_TILED90_BN(16)
-        KBIT_TILED90_BN(32)
-        KBIT_TILED90_BN(64)
-        KBIT_TILED90_BN(128)
-        KBIT_TILED90_BN(256)
-#undef KBIT_TILED90_BN
+    case 16: return launch(std::integral_constant<int, 16>{}, Two{});
+    case 32: return launch(std::integral_constant<int, 32>{}, Two{});
+    case 64:
+        return ctas == 2 ? launch(std::integral_constant<int, 64>{}, Two{})
+                         : launch(std::integral_constant<int, 64>{}, One{});
+    case 128: return launch(std::integral_constant<int, 128>{}, One{});
+    case 256: return launch(std::integral_constant<int, 256>{}, One{});
     }
     return cudaErrorInvalidValue;
 }
