@@ -306,6 +306,33 @@ def test_gpu_streamed_gemv_shapes(rng, k):
                            f"streamed K={k} {n_out}x{k_in} m={m}", scale)
 
 
+def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):
+    """kbit_matmul_kbit_tiled of host x and bias (copied to the GPU) with tiled weight t,
+    through the C entry without a workspace (one split) and with
+    kbit_matmul_workspace_bytes of it, against the float64 reference; the workspace left
+    zeroed. Returns the workspace's size."""
+    import torch
+    (m, k_in), n_out = x.shape, w64.shape[0]
+    x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
+    y_ref = reference(x, w64, bias, dtype)
+    nbytes = workspace_bytes(m, k_in, n_out)
+    ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    for use_ws in (False, True):
+        y_t = poisoned_cuda((m, n_out), dtype)
+        status = function("kbit_matmul_kbit_tiled")(
+            x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
+            t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
+            b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
+            nbytes if use_ws else 0, stream)
+        assert status == S_OK
+        torch.cuda.synchronize()
+        check_accuracy(from_cuda(y_t, dtype), y_ref, dtype, f"{what} ws={use_ws}",
+                       magnitude(x, w64, dtype))
+        assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+    return nbytes
+
+
 @requires_gpu
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_gpu_streamed_gemm_shapes(rng, k):
@@ -315,8 +342,6 @@ def test_gpu_streamed_gemm_shapes(rng, k):
     (split k), every absmax format, fp16 and bf16 x, bias; through the C entry with the
     workspace and without it (one split), the workspace left zeroed; against the float64
     reference."""
-    import torch
-    stream = torch.cuda.current_stream().cuda_stream
     for i, (n_out, k_in) in enumerate(((2113, 1312), (131, 9216), (5, 4128), (300, 160),
                                        (8200, 288))):
         fmt = list(FORMATS)[(i + k) % 3]
@@ -325,24 +350,8 @@ def test_gpu_streamed_gemm_shapes(rng, k):
         for j, m in enumerate((9, 16, 17, 32, 40, 64)):
             dtype = ("float16", "bfloat16")[(i + j) % 2]
             x = random_x(rng, (m, k_in), dtype)
-            bias = random_x(rng, (n_out,), dtype)
-            x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
-            y_ref = reference(x, w64, bias, dtype)
-            nbytes = workspace_bytes(m, k_in, n_out)
-            ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
-            for use_ws in (False, True):
-                y_t = poisoned_cuda((m, n_out), dtype)
-                status = function("kbit_matmul_kbit_tiled")(
-                    x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
-                    t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
-                    b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
-                    nbytes if use_ws else 0, stream)
-                assert status == S_OK
-                torch.cuda.synchronize()
-                check_accuracy(from_cuda(y_t, dtype), y_ref, dtype,
-                               f"streamed GEMM K={k} {fmt} {n_out}x{k_in} m={m} ws={use_ws}",
-                               magnitude(x, w64, dtype))
-                assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+            check_tiled_entry(t, k, fmt, x, random_x(rng, (n_out,), dtype), w64, dtype,
+                              f"streamed GEMM K={k} {fmt} {n_out}x{k_in} m={m}")
     cb = np.sort(rng.uniform(-1, 1, 1 << k)).astype(np.float32)  # and through kbit.matmul
     q, w64 = kbit_weight(rng, 300, 2048, k, "e4m4", codebook=cb, tensor_scale="custom")
     t = kbit.tile(on_cuda(q))
@@ -405,33 +414,15 @@ def test_gpu_tiled_gemm_tail_split(rng, k):
     epilogue (n_out % 8 == 0) and the per-element one, with bias; through the C entry with
     the workspace and without it (no split), the workspace left zeroed; against the
     float64 reference."""
-    import torch
-    stream = torch.cuda.current_stream().cuda_stream
     for i, (n_out, k_in, m, dtype) in enumerate(((4480, 2048, 1000, "float16"),
                                                  (4100, 1024, 1030, "bfloat16"))):
         fmt = list(FORMATS)[(i + k) % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
         t = kbit.tile(on_cuda(q))
         x = random_x(rng, (m, k_in), dtype)
-        bias = random_x(rng, (n_out,), dtype)
-        x_t, b_t = cuda_x(x, dtype), cuda_x(bias, dtype)
-        y_ref = reference(x, w64, bias, dtype)
-        nbytes = workspace_bytes(m, k_in, n_out)
+        nbytes = check_tiled_entry(t, k, fmt, x, random_x(rng, (n_out,), dtype), w64, dtype,
+                                   f"tiled GEMM tail split K={k} {fmt} {n_out}x{k_in} m={m}")
         assert nbytes > 0, "the last wave's tiles split k"
-        ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
-        for use_ws in (False, True):
-            y_t = poisoned_cuda((m, n_out), dtype)
-            status = function("kbit_matmul_kbit_tiled")(
-                x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
-                t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
-                b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
-                nbytes if use_ws else 0, stream)
-            assert status == S_OK
-            torch.cuda.synchronize()
-            check_accuracy(from_cuda(y_t, dtype), y_ref, dtype,
-                           f"tiled GEMM tail split K={k} {fmt} {n_out}x{k_in} m={m} ws={use_ws}",
-                           magnitude(x, w64, dtype))
-            assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
 
 
 @requires_gpu
