@@ -199,7 +199,8 @@ inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // stays on the GEMV (a 16-row tile a CTA, no split). Tiled (now the tiled GEMM, with this
 // plan to m = 64): the register GEMV measured faster on 4096 rows (4096x14336: 31 against
 // 36 us; 4096x4096: 14 against 24) and slower from 8192 (105 against 73 us) against the
-// streamed GEMM of session 9; not yet measured against the tiled GEMM there. Stored kbit and NF4 / FP4, whose staged GEMV is
+// streamed GEMM of session 9, and against the tiled GEMM (session 13: 4096x4096 m = 9..16
+// 14 against 21 us; 4096x14336 equal). Stored kbit and NF4 / FP4, whose staged GEMV is
 // slower, also from kStream90MinWeights weights (NF4 4096x14336 m = 16: 37 against 46
 // us; 4096x4096: 22 against 20; H200, bench/RESULTS.md session 9). From m = 17 it takes
 // every weight.
