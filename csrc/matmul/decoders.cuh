@@ -646,13 +646,15 @@ struct SplitArgs {
 };
 inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_t workspace_bytes) {
     SplitArgs a;
-    if (plan.splits < 2 || workspace == nullptr || workspace_bytes < static_cast<size_t>(plan.workspace) ||
-        reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    if (plan.splits < 2 || workspace == nullptr ||
+        workspace_bytes < static_cast<size_t>(plan.workspace) ||
+        reinterpret_cast<uintptr_t>(workspace) % 16 != 0)  // (16-byte partials)
         return a;
     a.splits = plan.splits;
     a.partials = static_cast<float *>(workspace);
+    const int64_t split_tiles = plan.tiles - plan.whole;  // (tiled90_plan: only those split)
     a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
-                                              (plan.tiles - plan.whole) * a.splits * bm * kGemmRows * 4);
+                                              split_tiles * a.splits * bm * kGemmRows * 4);
     return a;
 }
 

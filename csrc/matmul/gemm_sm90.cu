@@ -1003,10 +1003,10 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    128-k stage into a W ring, x a 64-k half (BN rows of 128 bytes) into an x ring; each
 //    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
 //    barrier. The producer gives its registers to the consumers (setmaxnreg: 40 a thread,
-//    the consumers 232 with one CTA an SM, 96 with two (BN = 16 and 32, as the streamed
-//    GEMM, and 64 on large weights: tiled_ctas): at launch a whole warpgroup counts, so with a producer warp alone
-//    ptxas allowed 168, and BN = 256 spilled and serialized its wgmmas; at 80 a thread
-//    BN = 16 and 32 spilled in the loop);
+//    the consumers 232 with one CTA an SM, 96 with two: BN = 16 and 32, as the streamed
+//    GEMM, and 64 on large weights, tiled_ctas). At launch a whole warpgroup counts, so
+//    with a producer warp alone ptxas allowed 168, and BN = 256 spilled and serialized
+//    its wgmmas; at 80 a thread BN = 16 and 32 spilled in the loop;
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
 //    the one before (two A buffers, one wgmma group a chunk); it releases a W slot once
 //    its words are loaded and an x half once the wgmmas that read it are done;
@@ -1026,22 +1026,24 @@ constexpr int kTMaxXRing = 8;
 // session 13).
 constexpr int64_t kTiled90TwoCtaWeights = int64_t{1} << 27;
 inline int tiled_ctas(int64_t m, int64_t k_in, int64_t n_out) {
-    const int bn = static_cast<int>(stream90_bm(m));
-    return m > kStream90MaxM ? 1 : bn <= 32 || n_out * k_in >= kTiled90TwoCtaWeights ? 2 : 1;
+    if (m > kStream90MaxM) return 1;
+    return stream90_bm(m) <= 32 || n_out * k_in >= kTiled90TwoCtaWeights ? 2 : 1;
 }
 
-// y from the accumulators through shared memory (splits == 1, n_out % 8 == 0, y on 16
-// bytes): each warp turns its 16 rows of W by BN rows of x into T (times out_mul, plus
-// bias) and stores them with stmatrix, transposed, into its own buffer as kEpiCols rows of
-// x of 16 consecutive W rows (32 bytes), then writes each as two 16-byte stores, y's
-// contiguous direction. The per-element stores (epilogue above) wrote 2 bytes a lane at 4
-// places a warp instruction, about 20 instructions an element with their bounds and bias:
-// at k_in = 4096 a tenth of a prefill tile's time with the tensor cores idle.
-// Where BN >= 64 (one CTA an SM: at BN = 16 and 32 it cost registers, and the loop spilled,
-// for a few stores a tile).
+// y from the accumulators (a split item's after their sum) through shared memory, where
+// n_out % 8 == 0 and y is on 16 bytes: each warp turns its 16 rows of W by BN rows of x
+// into T (times out_mul, plus bias) and stores them with stmatrix, transposed, into its
+// own buffer as kEpiCols rows of x of 16 consecutive W rows (32 bytes), then writes each
+// as two 16-byte stores, y's contiguous direction. The per-element stores (epilogue
+// above) wrote 2 bytes a lane at 4 places a warp instruction, about 20 instructions an
+// element with their bounds and bias: at k_in = 4096 a tenth of a prefill tile's time
+// with the tensor cores idle. Where BN >= 64 (at BN = 16 and 32 it cost registers and the
+// loop spilled, for a few stores a tile).
 constexpr bool staged_epilogue(int bn) { return bn >= 64; }
 constexpr int kEpiCols = 32;  // rows of x a round
-constexpr int epi_bytes(int bn) { return staged_epilogue(bn) ? kThreads90 / 32 * kEpiCols * 32 : 0; }
+constexpr int epi_bytes(int bn) {
+    return staged_epilogue(bn) ? kThreads90 / 32 * kEpiCols * 32 : 0;
+}
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t at, uint32_t a, uint32_t b, uint32_t c,
                                                   uint32_t d) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
@@ -1057,8 +1059,9 @@ __device__ __forceinline__ uint4 lds_u32x4_ordered(uint32_t at) {  // (after the
     return v;
 }
 template <class T, int BN>
-__device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int64_t n0, int64_t m0,
-                                                  int64_t m, int64_t n_out, float out_mul,
+__device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int64_t n0,
+                                                  int64_t m0, int64_t m, int64_t n_out,
+                                                  float out_mul,
                                                   const typename T::storage *__restrict__ bias,
                                                   typename T::storage *__restrict__ y,
                                                   uint32_t staging) {
@@ -1093,7 +1096,8 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
             const uint4 v = lds_u32x4_ordered(mine + (32 * p + lane) * 16);
             const int64_t xr = m0 + c0 + 16 * p + (lane >> 1);
             if (row_in && xr < m)
-                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y + xr * n_out + vrow),
+                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(
+                                 y + xr * n_out + vrow),
                              "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                              : "memory");
         }
@@ -1271,7 +1275,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
     // y through the staging buffer after the table where the stores can be 16 bytes
     const uint32_t staging = smem_address(table) + 4 * Dec::kEntries * C::kCopies;
-    const bool staged_y = staged_epilogue(BN) && n_out % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    const bool staged_y =
+        staged_epilogue(BN) && n_out % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
 
     float acc[kAcc];  // (each item's first wgmma overwrites them)
 #pragma unroll
@@ -1301,7 +1306,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) {
                     const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
-                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at, w[sq]);
+                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at,
+                                         w[sq]);
                 }
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
