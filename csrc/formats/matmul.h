@@ -155,18 +155,25 @@ inline int gemm_bm(int64_t m) { return m <= 16 ? 16 : m <= 64 ? 32 : 128; }
 // (132 SMs; the 128-row configuration fits one CTA an SM, the smaller ones two) and each
 // split keeps at least 8 stages; sizes are fixed by the shape alone, not by the device.
 // The plan of CTAs of bm rows of x for a shape (m, k_in, n_out > 0); `room`: CTAs a wave.
+// split_tiles of p's tiles (the last ones) split k in up to room / split_tiles ways, at
+// least 2 and 8 stages each, at most 16: p with its splits and workspace (partial sums
+// and a counter a split tile), or p unchanged where no split fits.
+inline GemmPlan split_last(GemmPlan p, int64_t room, int64_t split_tiles) {
+    int64_t s = room / split_tiles;
+    if (s > p.stages / 8) s = p.stages / 8;
+    if (s > 16) s = 16;
+    if (s < 2) return p;
+    p.whole = p.tiles - split_tiles;
+    p.splits = static_cast<int>(s);
+    p.workspace = split_tiles * s * p.bm * kGemmRows * 4 + (split_tiles * 4 + 15) / 16 * 16;
+    return p;
+}
 inline GemmPlan plan_for(int bm, int64_t room, int64_t m, int64_t k_in, int64_t n_out) {
     GemmPlan p;
     p.bm = bm;
     p.tiles = ((m + p.bm - 1) / p.bm) * ((n_out + kGemmRows - 1) / kGemmRows);
     p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
-    int64_t s = room / p.tiles;
-    if (s > p.stages / 8) s = p.stages / 8;
-    if (s > 16) s = 16;
-    if (s < 2) return p;
-    p.splits = static_cast<int>(s);
-    p.workspace = p.tiles * s * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
-    return p;
+    return split_last(p, room, p.tiles);
 }
 
 inline GemmPlan gemm_plan(int64_t m, int64_t k_in, int64_t n_out) {
@@ -243,14 +250,7 @@ inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     GemmPlan p = gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
     const int64_t tail = p.tiles % kTiled90Room;
     if (p.splits > 1 || p.tiles < kTiled90Room || tail == 0 || 2 * tail > kTiled90Room) return p;
-    int64_t s = kTiled90Room / tail;
-    if (s > p.stages / 8) s = p.stages / 8;
-    if (s > 16) s = 16;
-    if (s < 2) return p;
-    p.whole = p.tiles - tail;
-    p.splits = static_cast<int>(s);
-    p.workspace = tail * s * p.bm * kGemmRows * 4 + (tail * 4 + 15) / 16 * 16;
-    return p;
+    return split_last(p, kTiled90Room, tail);
 }
 
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
