@@ -99,6 +99,8 @@ def _formats() -> dict:
     for name, (tid, elems, nbytes, _) in GGUF_TYPES.items():
         f[name.lower()] = {"family": "gguf", "ggml": name, "type_id": tid, "block": elems,
                            "block_bytes": nbytes}
+    # Q4_0 as the kbit K = 4 weight of the same values (kbit.gguf.to_kbit), tiled
+    f["q4_0-tiled"] = dict(f["q4_0"], tiled=True)
     return f
 
 
@@ -113,7 +115,8 @@ FORMAT_GROUPS = {
     "tiled": ["kbit2-tiled", "kbit3-tiled", "kbit4-tiled", "kbit5-tiled"],
     "kbit-all": [n for n in FORMATS if FORMATS[n]["family"] == "kbit"],
     "4bit": ["nf4", "fp4", "nf4-tiled", "fp4-tiled"],
-    "gguf": [n for n in FORMATS if FORMATS[n]["family"] == "gguf"],
+    "gguf": [n for n in FORMATS
+             if FORMATS[n]["family"] == "gguf" and not FORMATS[n].get("tiled")],
 }
 DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2), "fp32": ("float32", 4)}
 _DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
@@ -260,6 +263,8 @@ def weight_bytes(fmt: str, n_out: int, k_in: int, elem_bytes: int = 2) -> dict:
         if spec.get("tiled"):
             return {"packed": n // 2, "scales": (2 if elem_bytes == 2 else 4) * (n // 32)}
         return {"packed": n // 2, "scales": 4 * (n // spec["blocksize"])}
+    if spec.get("tiled"):  # Q4_0 as kbit K = 4: 4 bits a weight, a half scale a block
+        return {"packed": n // 2, "scales": 2 * (n // 32)}
     return {"packed": n // spec["block"] * spec["block_bytes"], "scales": 0}
 
 
@@ -621,8 +626,11 @@ class Bench:
         blocks = torch.from_numpy(raw).to("cuda")
         tid = spec["type_id"]
         w = kbit.gguf.GGUFTensor(blocks=blocks, ggml_type=tid, shape=(n_out, k_in))
-        return w, (lambda dt, out=None: kbit.gguf.dequantize(blocks, tid, n, dt, out=out)), \
-            source, blocks
+        deq = lambda dt, out=None: kbit.gguf.dequantize(blocks, tid, n, dt, out=out)  # noqa: E731
+        if spec.get("tiled"):
+            t = kbit.tile(w)
+            return t, deq, source + ", then kbit.tile (kbit.gguf.to_kbit)", t
+        return w, deq, source, blocks
 
     def stored_bytes(self, obj) -> int | None:
         """What the container actually holds, to cross-check weight_bytes()."""
@@ -909,7 +917,7 @@ def selftest() -> int:
     expect(a.formats == ["kbit2", "kbit3", "kbit4", "kbit5", "kbit4-fp16", "q4_k",
                          "q4_0", "q8_0", "q5_k", "q6_k"], f"formats {a.formats}")
     expect(resolve_args(["--m", "all"]).m == GEMV_M + GEMM_M, "m all")
-    expect(len(resolve_args(["--formats", "all"]).formats) == 24 + 4 + 5, "all formats")
+    expect(len(resolve_args(["--formats", "all"]).formats) == 24 + 4 + 6, "all formats")
     for bad in (["--shapes", "4096"], ["--shapes", "0x4096"], ["--m", "0"], ["--m", "x"],
                 ["--formats", "q3_k"], ["--dtype", "int8"]):
         try:
@@ -940,7 +948,7 @@ def selftest() -> int:
     bpw = {f: bits_per_weight(f) for f in FORMATS}
     for f, want in {"kbit2": 2.25, "kbit3": 3.25, "kbit4": 4.25, "kbit5": 5.25, "kbit4-fp16": 4.5,
                     "kbit4-fp32": 5.0, "nf4": 4.5, "fp4": 4.5, "q4_0": 4.5, "q8_0": 8.5,
-                    "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625}.items():
+                    "q4_0-tiled": 4.5, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625}.items():
         expect(abs(bpw[f] - want) < 1e-12, f"{f} bits/weight {bpw[f]} != {want}")
     try:
         weight_bytes("q4_k", 16, 4096 + 32)

@@ -275,6 +275,14 @@ for gid, q in GGML_NAME.items():
         add(Func(f"cdequantize_{q}_{t}_host", gguf_specs(False), extra=gguf_extra),
             {"t": t, "ggml": gid})
 add(Func("kbit_gguf_dequantize_host", gguf_specs(True), extra=gguf_extra))
+add(Func("kbit_gguf_to_kbit_host",
+         [Enum("ggml", (2,), BAD_GGML + (8, 12, 13, 14)),
+          Ptr("blocks", "in", 2, lambda p: blocks32(p) * 18, fill=random_bytes),
+          N(lambda p: 4, good=(0, 32, 64, 96, 256, 1024, 1, 31, 33, 100)),
+          Enum("fmt", (0, 1), (2,) + BAD_ENUMS),
+          Ptr("kbit_packed", "out", 4, lambda p: blocks32(p) * 16),
+          Ptr("kbit_absmax", "out", "fmt", lambda p: blocks32(p) * absmax_size(p))],
+         extra=lambda p: p["n"] % 32 != 0))
 add(Func("kbit_gguf_block_info",
          [Enum("ggml", tuple(GGML), BAD_GGML),
           Ptr("block_elems", "out", 1, lambda p: 8, need="optional"),
@@ -630,6 +638,8 @@ def test_gpu_entries_validate_before_touching_the_device():
         ("cdequantize_q5_K_fp16", [P, I64, P, P], (X, 256, O, None), (X, 255, O, None)),
         ("kbit_gguf_dequantize", [INT, P, I64, INT, P, P],
          (8, X, 64, 2, O, None), (9, X, 64, 2, O, None)),
+        ("kbit_gguf_to_kbit", [INT, P, I64, INT, P, P, P],
+         (2, X, 64, 1, O, O + 64, None), (12, X, 64, 1, O, O + 64, None)),
     ]
     # counts whose byte size overflows are refused before any device work too
     huge = 2 ** 62

@@ -152,6 +152,24 @@ def test_gguf_weight(rng):
     assert "Q4_K" in repr(ql)
 
 
+def test_gguf_q4_0_weight_tiled(rng):
+    """from_quantized(tile=True) on a Q4_0 weight: a tiled kbit layer (kbit.gguf.to_kbit,
+    then kbit.tile) whose forward is within the bounds of the Q4_0 values and whose
+    state_dict round-trips."""
+    from test_gguf import _quant_tensor
+    raw = _quant_tensor(rng, "Q4_0", (16, 256))
+    gt = kg.GGUFTensor(torch.from_numpy(raw.reshape(-1).copy()), kg.GGML_TYPES["Q4_0"], (16, 256))
+    ql = kt.QuantizedLinear.from_quantized(gt, tile=True)
+    assert "tiled" in repr(ql) and ql.state_dict()["_extra_state"]["format"] == "kbit_tiled"
+    x = torch.randn(3, 256, dtype=torch.float32)
+    w = kt.dequantize(gt, torch.float32)
+    assert torch.equal(kt.dequantize(ql.weight, torch.float32), w)
+    _close(ql(x), x @ w.T, torch.float32)
+    again = kt.QuantizedLinear.from_quantized(gt, tile=True)
+    again.load_state_dict(ql.state_dict())
+    assert torch.equal(again(x), ql(x))
+
+
 def test_errors():
     with pytest.raises(KbitError, match="torch.Tensor"):
         kt.quantize(np.zeros(64, np.float32))

@@ -70,6 +70,9 @@
 #define KBIT_PARAMS_GGUF_DEQUANTIZE(P0, P) P0(const void *, blocks) P(int64_t, n) P(void *, output)
 #define KBIT_PARAMS_GGUF_DEQUANTIZE_ANY(P0, P) \
     P0(int, ggml_type) P(const void *, blocks) P(int64_t, n) P(kbit_dtype, dtype) P(void *, output)
+#define KBIT_PARAMS_GGUF_TO_KBIT(P0, P) \
+    P0(int, ggml_type) P(const void *, blocks) P(int64_t, n) \
+    P(kbit_absmax_format, absmax_format) P(uint32_t *, kbit_packed) P(void *, kbit_absmax)
 #define KBIT_PARAMS_GGUF_BLOCK_INFO(P0, P) \
     P0(int, ggml_type) P(int64_t *, block_elems) P(int64_t *, block_bytes)
 
@@ -193,7 +196,10 @@
     HOST(kbit_gguf_dequantize_host, KBIT_PARAMS_GGUF_DEQUANTIZE_ANY, KBIT_TAIL_NONE,             \
          (kbit::gguf::dequantize_any_host))                                                      \
     HOST(kbit_gguf_block_info, KBIT_PARAMS_GGUF_BLOCK_INFO, KBIT_TAIL_NONE,                      \
-         (kbit::gguf::block_info))
+         (kbit::gguf::block_info))                                                               \
+    GPU(kbit_gguf_to_kbit, KBIT_PARAMS_GGUF_TO_KBIT, KBIT_TAIL_STREAM, (kbit::gguf::to_kbit))      \
+    HOST(kbit_gguf_to_kbit_host, KBIT_PARAMS_GGUF_TO_KBIT, KBIT_TAIL_NONE,                       \
+         (kbit::gguf::to_kbit_host))
 
 // Fused dequantize + matmul (SPEC section 6).
 #define KBIT_MATMUL_ENTRIES(GPU, HOST)                                                           \

@@ -354,6 +354,45 @@ inline kbit_status bad_type(int ggml_type) {
                 ggml_type);
 }
 
+// kbit_gguf_to_kbit: a Q4_0 weight as the kbit K = 4 weight that dequantizes to the same
+// float32 values (SPEC section 1: out = codebook[c] * d). Block b's code c_i is its nibble
+// q_i as it is, its absmax the block's fp16 d (its bits, KBIT_ABSMAX_FP16, or widened,
+// KBIT_ABSMAX_FP32), and the codebook kQ4_0Book[c] = c - 8 (integers, exact): c - 8 times
+// d is ggml's (q - 8) d, rounded once alike. Only Q4_0 has one scale and no offset a
+// 32-element block; the k-quants' mins have no kbit form.
+constexpr float kQ4_0Book[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+inline kbit_status check_to_kbit(int ggml_type, const void *blocks, int64_t n,
+                                 kbit_absmax_format fmt, const uint32_t *kbit_packed,
+                                 const void *kbit_absmax) {
+    if (ggml_type != kQ4_0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "ggml type %d has no exact kbit form: only Q4_0 (2) converts", ggml_type);
+    KBIT_TRY((check_args<Q4_0, F32>(blocks, n, kbit_packed)));
+    if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
+                    static_cast<int>(fmt));
+    if (n == 0) return KBIT_SUCCESS;
+    return check_ptr(kbit_absmax, "kbit_absmax", fmt == KBIT_ABSMAX_FP32 ? 4 : 2);
+}
+
+// Block b of a Q4_0 weight into kbit K = 4: its four bit planes and its absmax.
+KBIT_HD void q4_0_block_to_kbit(const uint8_t *blocks, int64_t b, kbit_absmax_format fmt,
+                                uint32_t *kbit_packed, void *kbit_absmax) {
+    const uint8_t *blk = blocks + b * sizeof(BlockQ4_0);
+    uint32_t planes[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 16; ++i) {
+        const uint32_t byte = blk[offsetof(BlockQ4_0, qs) + i];
+        for (int j = 0; j < 4; ++j)
+            planes[j] |= ((byte >> j) & 1u) << i | ((byte >> (4 + j)) & 1u) << (16 + i);
+    }
+    for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
+    const uint16_t d = static_cast<uint16_t>(blk[0] | blk[1] << 8);  // little-endian fp16
+    if (fmt == KBIT_ABSMAX_FP32) static_cast<float *>(kbit_absmax)[b] = half_lo(d);
+    else static_cast<uint16_t *>(kbit_absmax)[b] = d;
+}
+
 // The runtime switch from a ggml type id: calls f(Fmt{}) (f returns kbit_status).
 template <class F>
 inline kbit_status with_type(int ggml_type, F &&f) {

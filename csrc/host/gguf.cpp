@@ -59,6 +59,17 @@ static kbit_status block_info(int ggml_type, int64_t *block_elems, int64_t *bloc
     });
 }
 
+static kbit_status to_kbit_host(int ggml_type, const void *blocks, int64_t n,
+                                kbit_absmax_format absmax_format, uint32_t *kbit_packed,
+                                void *kbit_absmax) {
+    KBIT_TRY(check_to_kbit(ggml_type, blocks, n, absmax_format, kbit_packed, kbit_absmax));
+    const auto *in = static_cast<const uint8_t *>(blocks);
+    parallel_for(n / Q4_0::kElems, int64_t{1} << 16, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) q4_0_block_to_kbit(in, b, absmax_format, kbit_packed, kbit_absmax);
+    });
+    return KBIT_SUCCESS;
+}
+
 }  // namespace gguf
 }  // namespace kbit
 

@@ -129,6 +129,33 @@ static kbit_status dequantize_any(int ggml_type, const void *blocks, int64_t n, 
     });
 }
 
+// kbit_gguf_to_kbit: a thread a 32-element block.
+static __global__ void __launch_bounds__(kThreads)
+    to_kbit_kernel(const uint8_t *__restrict__ blocks, int64_t n_blocks, kbit_absmax_format fmt,
+                   uint32_t *__restrict__ kbit_packed, void *__restrict__ kbit_absmax) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < n_blocks;
+         b += stride)
+        q4_0_block_to_kbit(blocks, b, fmt, kbit_packed, kbit_absmax);
+}
+
+static kbit_status to_kbit(int ggml_type, const void *blocks, int64_t n,
+                           kbit_absmax_format absmax_format, uint32_t *kbit_packed,
+                           void *kbit_absmax, kbit_stream_t stream) {
+    KBIT_TRY(check_to_kbit(ggml_type, blocks, n, absmax_format, kbit_packed, kbit_absmax));
+    if (n == 0) return KBIT_SUCCESS;
+    const int64_t n_blocks = n / Q4_0::kElems;
+    int grid = 0;
+    cudaError_t err = grid_for((n_blocks + kThreads - 1) / kThreads, kBlocksPerSm, &grid);
+    if (err == cudaSuccess) {
+        to_kbit_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t *>(blocks),
+                                                      n_blocks, absmax_format, kbit_packed,
+                                                      kbit_absmax);
+        err = launch_error();
+    }
+    return cuda_status(err, "kbit_gguf_to_kbit");
+}
+
 }  // namespace gguf
 }  // namespace kbit
 

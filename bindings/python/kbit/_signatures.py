@@ -83,6 +83,7 @@ for _q in GGUF_TYPES:
     for _t in C_TYPES:
         _launch(f"cdequantize_{_q}_{_t}", (_P, _I64, _P))
 _launch("kbit_gguf_dequantize", (_INT, _P, _I64, _INT, _P))
+_launch("kbit_gguf_to_kbit", (_INT, _P, _I64, _INT, _P, _P))
 
 # Fused dequantize + matmul (SPEC section 6): x, m, k_in, n_out, dtype, the weight's
 # fields, bias, y; the launch versions add workspace, workspace_bytes and stream.

@@ -23,10 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _arrays
+from . import kbit as _kbit
 from ._lib import KbitError, call, status_code
 from ._quantized import QuantizedBase
 
-__all__ = ["GGML_TYPES", "GGUFTensor", "block_info", "dequantize", "load", "read_header"]
+__all__ = ["GGML_TYPES", "GGUFTensor", "Q4_0_CODEBOOK", "block_info", "dequantize", "load",
+           "read_header", "to_kbit"]
 
 # ggml type ids kbit dequantizes.
 GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
@@ -144,6 +146,40 @@ def dequantize(blocks, ggml_type=None, n: int | None = None, dtype="float32", ou
     with place.active():
         place.call("kbit_gguf_dequantize", tid, view.ptr, n, _arrays.DTYPE_ID[name], out_ptr)
     return out
+
+
+# The kbit codebook of a Q4_0 weight as kbit K = 4 (to_kbit): entry c is c - 8.
+Q4_0_CODEBOOK = np.arange(-8, 8, dtype=np.float32)
+
+
+def to_kbit(t: GGUFTensor, absmax: str = "fp16"):
+    """A Q4_0 GGUFTensor as the kbit K = 4 weight (kbit.QuantizedTensor) that dequantizes
+    to exactly the same float32 values, where t lives (kbit_gguf_to_kbit): the codes are
+    the nibbles, the block scales the blocks' fp16 d ('fp16', 4.5 bits a weight as Q4_0's
+    own; or widened, 'fp32'), the codebook Q4_0_CODEBOOK. kbit.tile(t) tiles that weight
+    for kbit.matmul. Other types have per-block mins no kbit weight holds: KbitError."""
+    if not isinstance(t, GGUFTensor):
+        raise KbitError(f"to_kbit takes a kbit.gguf.GGUFTensor, got {type(t).__name__}")
+    if absmax not in ("fp16", "fp32"):
+        raise KbitError(f"absmax must be 'fp16' or 'fp32', got {absmax!r}")
+    if t.ggml_type != GGML_TYPES["Q4_0"]:
+        raise KbitError(f"only Q4_0 converts to kbit exactly, got {t.type_name}",
+                        status_code("KBIT_ERROR_INVALID_ARGUMENT"))
+    n = t.n
+    elems, bsize = block_info(t.ggml_type)
+    place = _arrays.place_of(t.blocks, "blocks")
+    view = place.view(t.blocks, "blocks", _host_blocks)
+    if view.nbytes != n // elems * bsize:
+        raise KbitError(f"{n} Q4_0 elements take {n // elems * bsize} bytes of blocks, "
+                        f"got {view.nbytes}")
+    words, entries = _kbit._sizes(n, 4, absmax)
+    with place.active():
+        packed = place.empty((words,), "uint32")
+        scales = place.empty((entries,), _kbit._ABSMAX_NP[absmax])
+        place.call("kbit_gguf_to_kbit", t.ggml_type, view.ptr, n, _kbit._FORMAT_ID[absmax],
+                   place.ptr(packed), place.ptr(scales))
+    return _kbit.QuantizedTensor(packed, scales, 4, tuple(t.shape), "float32", absmax, 1.0,
+                                 Q4_0_CODEBOOK.copy())
 
 
 # The file reader is its own module; it builds on the block API above.

@@ -8,7 +8,8 @@
 An NF4 / FP4 weight tiles too: kbit.tile(kbit.quantize_nf4(w)) is the kbit K = 4 weight
 with the format's 16-entry table as codebook and w's scales (half where they are half
 values, else float32) that dequantizes to the same float32 values (from_4bit,
-kbit_nf4_to_kbit), tiled; kbit.untile gives that kbit weight.
+kbit_nf4_to_kbit), tiled; kbit.untile gives that kbit weight. So does a Q4_0 GGUF weight
+(kbit.gguf.to_kbit: its nibbles as codes, its fp16 d as scales, the codebook c - 8).
 
 The layout is written out in csrc/formats/kbit_tiled.h (rows in tiles of 16, blocks in
 groups of 4, zero padding to whole tiles). The arrays live where q lives; tile and untile
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import _arrays
 from . import bnb4 as _bnb4
+from . import gguf as _gguf
 from . import kbit as _kbit
 from ._lib import KbitError, size
 from .bnb4 import Quantized4bit
@@ -123,10 +125,13 @@ def _half_values(scales) -> bool:
 
 def tile(q) -> TiledTensor:
     """q (a 2-D kbit weight, k_in a multiple of 32; or an NF4 / FP4 one, through
-    from_4bit) repacked for kbit.matmul."""
+    from_4bit; or a Q4_0 GGUF one, through kbit.gguf.to_kbit) repacked for kbit.matmul."""
     if isinstance(q, Quantized4bit):
         _shape(q.shape)
         q = from_4bit(q)
+    elif isinstance(q, _gguf.GGUFTensor):
+        _shape(q.shape)
+        q = _gguf.to_kbit(q)
     n_out, k_in = _checked(q, QuantizedTensor, "tile")
     place = _arrays.place_of(q.packed, "packed")
     packed = place.view(q.packed, "packed", lambda a: _kbit._host_field(a, "uint32", "packed", q))

@@ -21,6 +21,7 @@ from torch import nn
 
 from . import _arrays
 from . import bnb4 as _bnb4
+from . import gguf as _gguf
 from . import kbit as _kbit
 from .matmul import matmul as _kbit_matmul
 from . import tiled as _tiled
@@ -195,10 +196,25 @@ class QuantizedLinear(nn.Module):
         return cls(q, linear.bias)
 
     @classmethod
-    def from_quantized(cls, weight, bias: torch.Tensor | None = None) -> "QuantizedLinear":
-        """Wraps a quantized (out_features, in_features) weight of any kbit container."""
-        if len(tuple(weight.shape)) != 2:
-            raise KbitError(f"a linear weight is 2-D, got shape {tuple(weight.shape)}")
+    def from_quantized(cls, weight, bias: torch.Tensor | None = None,
+                       tile: bool | None = None) -> "QuantizedLinear":
+        """Wraps a quantized (out_features, in_features) weight of any kbit container.
+        tile: repack it for the matmul first (kbit.tile: a kbit or NF4 / FP4 weight, or a
+        Q4_0 GGUF one as the kbit K = 4 weight of the same values). None: a Q4_0 weight on
+        a CUDA device of compute capability 9.0 or later, where an H100 measured the tiled
+        one at 0.88-1.18x the GGUF one's speed at 1 to 8 rows of x and 1.2-5.7x from 16
+        (bench/RESULTS.md, session 14); others as they are."""
+        shape = tuple(weight.shape)
+        if len(shape) != 2:
+            raise KbitError(f"a linear weight is 2-D, got shape {shape}")
+        if tile is None:
+            blocks = getattr(weight, "blocks", None)
+            tile = (isinstance(weight, _gguf.GGUFTensor) and shape[1] % 32 == 0
+                    and weight.ggml_type == _gguf.GGML_TYPES["Q4_0"]
+                    and isinstance(blocks, torch.Tensor) and blocks.is_cuda
+                    and torch.cuda.get_device_capability(blocks.device) >= (9, 0))
+        if tile:
+            weight = _tiled.tile(weight)
         return cls(_torch_fields(weight), bias)
 
     # -- the weight -----------------------------------------------------------------
