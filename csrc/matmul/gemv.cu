@@ -26,9 +26,10 @@
 //   run of row tiles as one contiguous range through a ring of shared-memory stages that
 //   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
 //   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
-// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16): the tiled streamed kernel's ring over
-//   the file's blocks (a TMA box of 16 rows a stage), integer codes turned into exact
-//   fp16/bf16 pairs by byte permutes, scales on the fp32 sums.
+// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 32): the tiled streamed kernel's ring over
+//   the file's blocks (a TMA box of 16 rows a stage and row tile, one or four tiles a
+//   stage), integer codes turned into exact fp16/bf16 pairs by byte permutes, scales on
+//   the fp32 sums.
 // - Direct (GGUF otherwise): each lane decodes its 8 elements with the format's own group
 //   decoder (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
@@ -1244,25 +1245,17 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
 }
 
 // GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
-// weight and a ring of two stages fits; runs it (err: its launch status) and returns
-// true, or returns false for the direct kernels.
-template <class T, class Fmt, int NT>
-bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
-                        int64_t n_out, const void *bias, void *y, cudaStream_t stream,
-                        cudaError_t &err) {
+// weight and a ring of two stages fits, its stages of kR row tiles (stage_tiles); runs it
+// (err: its launch status) and returns true, or returns false for the direct kernels.
+template <class T, class Fmt, int NT, int kR>
+bool launch_gguf_stream_r(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
+                          int64_t n_out, const void *bias, void *y, const StreamLaunch &l,
+                          cudaStream_t stream, cudaError_t &err) {
     using S = typename T::storage;
-    if (!gguf_stream::streams<Fmt>(blocks, k_in, n_out)) return false;
-    int major = 0;
-    if (compute_major(&major) != cudaSuccess || major < 9) return false;
-    const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
-    StreamLaunch l;  // x held for the whole kernel with one n8 tile only
-    err = stream_launch(n_out, k_in, rows, gguf_stream::slot_x_rows<NT>(rows), NT == 1, 0,
-                        gguf_stream::Stage<Fmt>::bytes, l);
-    if (err != cudaSuccess) return true;
     if (l.ring < 2) return false;
     CUtensorMap map;
-    if (gguf_stream::weight_map<Fmt>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
-    constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT>;
+    if (gguf_stream::weight_map<Fmt, kR>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
+    constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT, kR>;
     err = allow_smem<kernel>(kStreamSmem);
     if (err != cudaSuccess) return true;
     kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
@@ -1270,6 +1263,36 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
         static_cast<S *>(y), l.ring, l.x_stride);
     err = launch_error();
     return true;
+}
+template <class T, class Fmt, int NT>
+bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
+                        int64_t n_out, const void *bias, void *y, cudaStream_t stream,
+                        cudaError_t &err) {
+    if (!gguf_stream::streams<Fmt>(blocks, k_in, n_out)) return false;
+    int major = 0;
+    if (compute_major(&major) != cudaSuccess || major < 9) return false;
+    const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
+    const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
+    StreamLaunch l;  // x held for the whole kernel with one n8 tile only
+    err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 0,
+                        gguf_stream::Stage<Fmt, 1>::bytes, l);
+    if (err != cudaSuccess) return true;
+    int sms = 0;  // a CTA an SM
+    err = sm_count(&sms);
+    if (err != cudaSuccess) return true;
+    const int64_t x_bytes = l.x_stride ? 0 : int64_t{slot_rows} * k_in * 2;
+    const int r = gguf_stream::stage_tiles<Fmt>(n_out, k_in, x_bytes, sms, l.ring >= 2);
+    if constexpr (gguf_stream::groups_ok<Fmt, 4>()) {
+        if (r == 4) {
+            const int64_t groups = blocks_of(blocks_of(n_out, kTileRows), 4);
+            l.ctas = static_cast<int>(groups < sms ? groups : sms);
+            l.stage = gguf_stream::Stage<Fmt, 4>::bytes(slot_rows);
+            l.ring = stream_stages(l.before, l.stage);
+            return launch_gguf_stream_r<T, Fmt, NT, 4>(blocks, x, m, k_in, n_out, bias, y, l,
+                                                       stream, err);
+        }
+    }
+    return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream, err);
 }
 
 kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbit_dtype dtype,
@@ -1286,12 +1309,14 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
                     const FloatDirect<T, Fmt> dec{b};
-                    // the streamed GEMV to m = 16 (two n8 tiles on one decode), else the
-                    // direct kernels: the GEMV to m = 8, the GEMM from m = 9
+                    // the streamed GEMV to m = 32 (two or four n8 tiles on one decode),
+                    // else the direct kernels: the GEMV to m = 8, the GEMM from m = 9
                     const bool streamed =
                         m <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(b, x, m, k_in, n_out, bias, y,
                                                                    stream, err)
                         : m <= 2 * kMaxM ? launch_gguf_stream<T, Fmt, 2>(b, x, m, k_in, n_out,
+                                                                         bias, y, stream, err)
+                        : m <= 4 * kMaxM ? launch_gguf_stream<T, Fmt, 4>(b, x, m, k_in, n_out,
                                                                          bias, y, stream, err)
                                          : false;
                     if (!streamed)

@@ -1,18 +1,20 @@
-// GGUF streamed GEMV (m <= 16, sm_90): included by gemv.cu after the tiled streamed
-// kernel, whose ring, resident x, consumer barrier and tile store it shares.
+// GGUF streamed GEMV (m <= 32, sm_90): included by gemv.cu after the tiled streamed
+// kernel, whose ring, resident x and consumer barrier it shares.
 //
 // The blocks are read exactly as a GGUF file stores them (row after row of W). A
-// persistent CTA per SM owns a run of 16-row tiles; a stage is 2048 elements of k of one
-// tile: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows, two for Q8_0,
-// whose stage rows exceed a box) and, unless x is held for the whole kernel
-// (ResidentX), the same elements of every row of x (a bulk copy a row), issued by one
-// producer lane into a ring of shared-memory slots. (A bulk copy a row of W, 17 copies a
-// stage, left the producer the bound: bench/RESULTS.md, session 10.) Each of the 16
-// consumer warps takes a unit of 128 elements (four 32-element chunks) of all 16 rows:
-// lane (g, t) decodes elements 4t..4t+3 and 16+4t..16+4t+3 of each chunk of rows g and
-// g+8 into pairs of T and the warp multiplies them with two mma.sync m16n8k16 a chunk
-// and n8 tile of x (the pairs sit in the A fragment's k order up to a fixed permutation,
-// under which x's pairs are its natural words: no reordering of x).
+// persistent CTA per SM owns a run of tile groups of kR 16-row tiles (kR = 1, or 4 where
+// x comes with the stages: stage_tiles); a stage is 2048 / kR elements of k of each tile
+// of a group: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows a tile,
+// two for Q8_0 at kR = 1, whose stage rows exceed a box) and, unless x is held for the
+// whole kernel (ResidentX), the same elements of every row of x (a bulk copy a row, once
+// for the kR tiles), issued by one producer lane into a ring of shared-memory slots. (A
+// bulk copy a row of W, 17 copies a stage, left the producer the bound: bench/RESULTS.md,
+// session 10.) Each of the 16 consumer warps takes a unit of 128 elements (four 32-element
+// chunks) of all 16 rows of one tile: lane (g, t) decodes elements 4t..4t+3 and
+// 16+4t..16+4t+3 of each chunk of rows g and g+8 into pairs of T and the warp multiplies
+// them with two mma.sync m16n8k16 a chunk and n8 tile of x (the pairs sit in the A
+// fragment's k order up to a fixed permutation, under which x's pairs are its natural
+// words: no reordering of x); a tile's warps' sums meet after the group's last stage.
 //
 // Integers to T: a code byte c (c < 128 for bf16) placed under the exponent byte of
 // `base` (1024 for fp16, 128 for bf16) is the exact value base + c, one byte permute a
@@ -26,10 +28,15 @@
 // direct kernels.
 namespace gguf_stream {
 
-constexpr int kStageK = 2048;  // elements of k a stage
+constexpr int kStageK = 2048;  // elements of k a stage of one row tile (kR = 1)
 constexpr int kUnitK = kStageK / kStreamWarps;  // 128: a consumer warp's unit
-constexpr int kXStride = kStageK * 2 + 16;      // a stage's row of x, padded (see ResidentX)
 static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
+// A stage of kR row tiles is kStageK / kR elements of k of each, and one copy of x for
+// them all: x's bytes a weight byte fall by kR (m >= 2, where x comes with the stages:
+// at m = 16 and kR = 1 x is three quarters of a stage's bytes). A stage's row of x,
+// padded (see ResidentX):
+template <int kR>
+constexpr int x_stride() { return kStageK / kR * 2 + 16; }
 
 // ---- packed T arithmetic on 32-bit words -------------------------------------------------
 
@@ -98,13 +105,13 @@ __device__ __forceinline__ ChunkX chunk_x(uint32_t at) {
 }
 
 // The chunk's two k16 steps (A fragments s0, s1) times each n8 tile of x, whose lane's
-// elements of the chunk start at x_at (tile 0).
+// elements of the chunk start at x_at (tile 0; tile nt x_nt * nt bytes further).
 template <class T, int NT>
 __device__ __forceinline__ void mma_chunk(Sums<NT> &c, const Frag &s0, const Frag &s1,
-                                          uint32_t x_at) {
+                                          uint32_t x_at, uint32_t x_nt) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        const ChunkX x = chunk_x(x_at + nt * 8 * kXStride);
+        const ChunkX x = chunk_x(x_at + nt * x_nt);
         mma_16816(T{}, c.v[nt], s0.r, x.s0.x, x.s0.y);
         mma_16816(T{}, c.v[nt], s1.r, x.s1.x, x.s1.y);
     }
@@ -124,9 +131,9 @@ __device__ __forceinline__ void scale_add(Sums<NT> &acc, const Sums<NT> &c, floa
 
 // The unit's arguments: shared addresses of its first byte in rows g and g+8, and the
 // lane's x at the unit's first element (element 4t of row g of x; of the last row where
-// x has fewer rows: their sums are never stored; tile nt's rows 8 nt rows further).
+// x has fewer rows: their sums are never stored; tile nt's rows x_nt * nt bytes further).
 struct UnitAt {
-    uint32_t wa, wb, x;
+    uint32_t wa, wb, x, x_nt;
     int t;
 };
 
@@ -163,7 +170,7 @@ struct Block32S {
                 st[i] = frag(Codes::template pair<T>(wa[i], 0), Codes::template pair<T>(wa[i], 1),
                              Codes::template pair<T>(wb[i], 0), Codes::template pair<T>(wb[i], 1));
             Sums<NT> c4;
-            mma_chunk<T>(c4, st[0], st[1], u.x + c * kChunk * 2);
+            mma_chunk<T>(c4, st[0], st[1], u.x + c * kChunk * 2, u.x_nt);
             scale_add(acc, c4, da, db);
         }
     }
@@ -267,12 +274,12 @@ struct QK45S {
                                  hfma2<T>(biased<T>(ca[i], 1), sa, oa),
                                  hfma2<T>(biased<T>(cb[i], 0), sb, ob),
                                  hfma2<T>(biased<T>(cb[i], 1), sb, ob));
-                mma_chunk<T>(c1, st[0], st[1], u.x + j * kChunk * 2);
+                mma_chunk<T>(c1, st[0], st[1], u.x + j * kChunk * 2, u.x_nt);
                 // the mins, broadcast along k: sum of m x over the sub-block
                 const uint32_t ma = hadd2<T>(biased_splat<T>(mna, j), nbase);
                 const uint32_t mb = hadd2<T>(biased_splat<T>(mnb, j), nbase);
                 const Frag mf = frag(ma, ma, mb, mb);
-                mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2);
+                mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2, u.x_nt);
             }
         }
         const float da = f16_bits_to_f32(static_cast<uint16_t>(ha.x));
@@ -352,7 +359,7 @@ struct Q6_KS {
                              hmul2<T>(hadd2<T>(biased<T>(cb, 0), off), sb),
                              hmul2<T>(hadd2<T>(biased<T>(cb, 1), off), sb));
             }
-            mma_chunk<T>(c, s[0], s[1], u.x + q * kChunk * 2);
+            mma_chunk<T>(c, s[0], s[1], u.x + q * kChunk * 2, u.x_nt);
         }
         scale_add(acc, c, ra.d, rb.d);
     }
@@ -382,21 +389,26 @@ struct Stream<gguf::Q5_K> : QK45S<true> {};
 template <>
 struct Stream<gguf::Q6_K> : Q6_KS {};
 
-// One stage: [W: kPieces boxes of 16 rows x kPieceStride bytes][x: rows of kStageK
-// elements]. A box row is a piece of the stage's row bytes (all of them but for Q8_0,
-// whose 2176 exceed a box's 256 8-byte elements: two halves), read with up to 16 more
-// bytes of the row (or zeros past its end) so that it is an odd number of 16-byte units:
-// rows g = 0..7 fall in distinct banks.
-template <class Fmt>
+// One stage: [W: kR tiles of kPieces boxes of 16 rows x kPieceStride bytes][x: rows of
+// kStageK / kR elements]. A box row is a piece of the stage's row bytes (all of them but
+// for Q8_0 at kR = 1, whose 2176 exceed a box's 256 8-byte elements: two halves), read
+// with up to 16 more bytes of the row (or zeros past its end) so that it is an odd
+// number of 16-byte units: rows g = 0..7 fall in distinct banks. The consumer warps take
+// kUnits units of each of the kR tiles.
+template <class Fmt, int kR>
 struct Stage {
-    static constexpr int kRowBytes = kStageK / Fmt::kElems * Fmt::kBytes;
+    static constexpr int kUnits = kStreamWarps / kR;  // of a tile's row a stage
+    static constexpr int kRowBytes = kStageK / kR / Fmt::kElems * Fmt::kBytes;
     static constexpr int kPieces = kRowBytes + 16 > 256 * 8 ? 2 : 1;
     static constexpr int kPieceBytes = kRowBytes / kPieces;
     static constexpr int kPieceStride = kPieceBytes + ((kPieceBytes / 16) % 2 == 0 ? 16 : 0);
     static constexpr int kBox = kTileRows * kPieceStride;  // bytes of a box
-    static constexpr int kUnitsPerPiece = kStreamWarps / kPieces;
-    static constexpr int kX = kPieces * kBox;
+    static constexpr int kUnitsPerPiece = kUnits / kPieces;
+    static constexpr int kTile = kPieces * kBox;  // a tile's boxes
+    static constexpr int kX = kR * kTile;
+    static constexpr int kXStride = x_stride<kR>();
     static_assert(kPieceBytes % 16 == 0 && kPieceStride <= 256 * 8, "TMA boxes");
+    static_assert(kUnits % 2 == 0, "k-quant units come in block halves");
     // on 128 bytes, as TMA boxes land
     static __host__ __device__ constexpr int bytes(int x_rows) {
         return (kX + x_rows * kXStride + 127) / 128 * 128;
@@ -414,6 +426,36 @@ struct Stage {
 template <int NT>
 __host__ __device__ constexpr int slot_x_rows(int x_rows) { return NT == 1 ? x_rows : 8 * NT; }
 
+// The stage kR a format allows: 2048 / kR elements of a row must be whole 16-byte runs
+// (Q6_K's 210-byte blocks: only 2048).
+template <class Fmt, int kR>
+constexpr bool groups_ok() {
+    return (kStageK / kR / Fmt::kElems * Fmt::kBytes) % 16 == 0 && kStageK / kR % Fmt::kElems == 0;
+}
+
+// The stage kR (1 or 4) a launch takes, x_bytes being x's bytes a tile group copies (0
+// when x is held for the whole kernel): 4 where a one-tile stage leaves no ring of two
+// (one_fits false: 17..32 rows of x), else where four-tile groups still fill 90% of the
+// SMs and their fullest CTA reads fewer bytes, W's tiles and x once a group. (Measured,
+// bench/RESULTS.md session 14: where four-tile groups leave SMs idle, 256-tile weights at
+// m = 16, their CTAs' decode is the bound, not the bytes.)
+template <class Fmt>
+int stage_tiles(int64_t n_out, int64_t k_in, int64_t x_bytes, int sms, bool one_fits) {
+    if (!groups_ok<Fmt, 4>() || x_bytes == 0) return 1;
+    if (!one_fits) return 4;
+    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
+    if ((tiles + 3) / 4 * 10 < int64_t{sms} * 9) return 1;
+    const int64_t tile_bytes = kTileRows * (k_in / Fmt::kElems * Fmt::kBytes);
+    int best = 1;
+    int64_t best_cost = INT64_MAX;
+    for (int r : {1, 4}) {
+        const int64_t groups = (tiles + r - 1) / r, c = groups < sms ? groups : sms;
+        const int64_t cost = (groups + c - 1) / c * (r * tile_bytes + x_bytes);
+        if (cost < best_cost) best = r, best_cost = cost;
+    }
+    return best;
+}
+
 // Whether the streamed kernel reads this weight (see the top of the file).
 template <class Fmt>
 bool streams(const void *blocks, int64_t k_in, int64_t n_out) {
@@ -423,20 +465,56 @@ bool streams(const void *blocks, int64_t k_in, int64_t n_out) {
 
 // The 2-d map over W (8-byte elements: a row's bytes by rows), boxes of one stage piece by
 // 16 rows.
-template <class Fmt>
+template <class Fmt, int kR>
 cudaError_t weight_map(CUtensorMap *map, const void *blocks, int64_t k_in, int64_t n_out) {
     const int64_t row_bytes = k_in / Fmt::kElems * Fmt::kBytes;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 8),
                                 static_cast<cuuint64_t>(n_out)},
                      strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-    const cuuint32_t box[2] = {Stage<Fmt>::kPieceStride / 8, kTileRows};
+    const cuuint32_t box[2] = {Stage<Fmt, kR>::kPieceStride / 8, kTileRows};
     return tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, blocks, dims, strides, box);
 }
 
 }  // namespace gguf_stream
 
-// NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2).
-template <class T, class Fmt, int NT>
+// A tile group's last stage: the sums of its `live` row tiles from tile0 (tile r: warps
+// r U .. r U + U - 1, U = kStreamWarps / kR, added in warp order) meet, bias, y; the sums
+// start again from zero.
+template <class T, int NT, int kR>
+__device__ __forceinline__ void store_stream_group(Sums<NT> &acc, int64_t tile0, int live,
+                                                   int64_t m, int64_t n_out,
+                                                   const typename T::storage *bias,
+                                                   typename T::storage *y) {
+    constexpr int kU = kStreamWarps / kR;
+    __shared__ float partial[kStreamWarps][kTileRows][kMaxM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    static_assert(kR * kTileRows * kMaxM <= kStreamWarps * 32, "a thread an output");
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if (nt > 0) consumers_sync();  // the partial sums are reused
+        partial[warp][g][2 * t] = acc.v[nt][0];
+        partial[warp][g][2 * t + 1] = acc.v[nt][1];
+        partial[warp][g + 8][2 * t] = acc.v[nt][2];
+        partial[warp][g + 8][2 * t + 1] = acc.v[nt][3];
+        consumers_sync();
+        const int r = threadIdx.x / (kTileRows * kMaxM), row = threadIdx.x / kMaxM % kTileRows,
+                  col = threadIdx.x % kMaxM;
+        const int64_t n = (tile0 + r) * kTileRows + row, i = 8 * nt + col;
+        if (r < live && n < n_out && i < m) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kU; ++w) v += partial[r * kU + w][row][col];
+            if (bias) v += load_f32(T{}, bias[n]);
+            y[i * n_out + n] = store_cast(T{}, v);
+        }
+    }
+    acc = Sums<NT>{};
+    consumers_sync();  // the partial sums are read before the next group's
+}
+
+// NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2,
+// m = 17..32: NT = 4); stages of kR row tiles (a tile group; gguf_stream::Stage).
+template <class T, class Fmt, int NT, int kR>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                  const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
@@ -446,19 +524,25 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
     using namespace gguf_stream;
-    using St = Stage<Fmt>;
+    using St = Stage<Fmt, kR>;
     using S = Stream<Fmt>;
-    constexpr int kUnits = kStreamWarps;
+    constexpr int kU = St::kUnits;
     extern __shared__ __align__(128) uint4 smem[];
     __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
+    // The CTA's tile groups, split evenly over the grid; a group's stages run over the
+    // units of its rows, kU a stage.
     const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
-    const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM * NT);
-    const int64_t first = walk.first, stages = walk.stages;
-    const int x_rows = walk.x_rows;
-    const ResidentX rx{NT == 1 ? x_stride : 0, x_rows, smem_address(smem)};
+    const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
+    const int64_t tgroups = (tiles + kR - 1) / kR;
+    const int64_t tg_first = blockIdx.x * tgroups / gridDim.x,
+                  tg_last = (blockIdx.x + 1) * tgroups / gridDim.x;
+    const int stages_per_group = (groups + kU - 1) / kU;
+    const int64_t stages = (tg_last - tg_first) * stages_per_group;
+    const int x_rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
+    const ResidentX rx{NT == 1 && kR == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
     const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
@@ -466,9 +550,9 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
     __syncthreads();
 
-    // The producer (one lane): stage q is units [g0, g0 + n) of tile first + q /
-    // stages_per_tile, in slot q % ring_stages: W's boxes (zeros past the rows and their
-    // ends) and x.
+    // The producer (one lane): stage q is units [g0, g0 + n) of the live tiles of group
+    // tg_first + q / stages_per_group, in slot q % ring_stages: W's boxes (zeros past the
+    // rows and their ends) and x.
     if (warp == kStreamWarps) {
         if (lane != 0) return;
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
@@ -476,53 +560,70 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
         rx.load(x_full_at, xb, k_in, x_policy);
         RingSlot p;
         int g0 = 0;
-        int64_t tile = first;
+        int64_t tile0 = tg_first * kR;
         for (int64_t q = 0; q < stages; ++q) {
             if (q >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
-            const int n = groups - g0 < kUnits ? groups - g0 : kUnits;
+            const int n = groups - g0 < kU ? groups - g0 : kU;
+            const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
             const int x_bytes = rx.on() ? 0 : n * kUnitK * 2;
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-            mbar_expect(bar, St::kX + x_rows * x_bytes);
+            mbar_expect(bar, live * St::kTile + x_rows * x_bytes);
+            for (int r = 0; r < live; ++r)
 #pragma unroll
-            for (int i = 0; i < St::kPieces; ++i)
-                tma_load(dst + i * St::kBox, wmap,
-                         static_cast<int>((St::unit_bytes(g0) + i * St::kPieceBytes) / 8),
-                         static_cast<int>(tile * kTileRows), bar, w_policy);
+                for (int i = 0; i < St::kPieces; ++i)
+                    tma_load(dst + r * St::kTile + i * St::kBox, wmap,
+                             static_cast<int>((St::unit_bytes(g0) + i * St::kPieceBytes) / 8),
+                             static_cast<int>((tile0 + r) * kTileRows), bar, w_policy);
             for (int i = 0; i < x_rows && !rx.on(); ++i)
-                bulk_copy(dst + St::kX + i * kXStride,
+                bulk_copy(dst + St::kX + i * St::kXStride,
                           xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
                           x_policy);
             p.next(ring_stages, stage_bytes);
-            if ((g0 += kUnits) >= groups) g0 = 0, ++tile;
+            if ((g0 += kU) >= groups) g0 = 0, tile0 += kR;
         }
         return;
     }
 
-    // The consumers: warp w takes unit w of each stage.
+    // The consumers: warp w takes unit j = w % kU of tile r = w / kU of each stage.
+    const int r = warp / kU, j = warp % kU;
     UnitAt u;
     u.t = t;
-    // Q4_0 / Q8_0: a unit is 4 blocks; k-quants: half a block (the half is warp & 1)
-    const int piece = warp / St::kUnitsPerPiece, in_piece = warp % St::kUnitsPerPiece;
-    const uint32_t w_lane = opaque(ring_at + piece * St::kBox + g * St::kPieceStride +
+    u.x_nt = 8 * St::kXStride;
+    // Q4_0 / Q8_0: a unit is 4 blocks; k-quants: half a block (the half is j & 1)
+    const int piece = j / St::kUnitsPerPiece, in_piece = j % St::kUnitsPerPiece;
+    const uint32_t w_lane = opaque(ring_at + r * St::kTile + piece * St::kBox +
+                                   g * St::kPieceStride +
                                    (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
                                                           : (in_piece >> 1) * Fmt::kBytes));
     // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k),
     // read after their barrier, whose zero the address carries (see mbar_wait)
     const uint32_t x_ready = rx.on() ? mbar_wait(x_full_at, 0) : 0;
-    const uint32_t x_lane = opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
-                                            : ring_at + St::kX + min(g, x_rows - 1) * kXStride) +
-                                   warp * kUnitK * 2 + 8 * t + x_ready);
-    const bool odd_half = (warp & 1) != 0;
+    const uint32_t x_lane =
+        opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
+                        : ring_at + St::kX + min(g, x_rows - 1) * St::kXStride) +
+               j * kUnitK * 2 + 8 * t + x_ready);
+    const bool odd_half = (j & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
     Sums<NT> acc;
-    consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
-                      acc, [&](uint32_t at, int g0) {
-        if (g0 + warp >= groups) return;
-        u.wa = at + w_lane;
-        u.wb = u.wa + 8 * St::kPieceStride;
-        u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
-        S::template run<T, NT>(u, odd_half, aligned4, acc);
-    });
+    RingSlot c;
+    int g0 = 0;
+    int64_t tile0 = tg_first * kR;
+    for (int64_t q = 0; q < stages; ++q) {
+        const uint32_t at = c.at + mbar_wait(full_at + 8 * c.slot, c.phase);
+        const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
+        if (r < live && g0 + j < groups) {
+            u.wa = at + w_lane;
+            u.wb = u.wa + 8 * St::kPieceStride;
+            u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
+            S::template run<T, NT>(u, odd_half, aligned4, acc);
+        }
+        mbar_arrive(empty_at + 8 * c.slot);
+        c.next(ring_stages, stage_bytes);
+        if ((g0 += kU) < groups) continue;
+        g0 = 0;
+        store_stream_group<T, NT, kR>(acc, tile0, live, m, n_out, bias, y);
+        tile0 += kR;
+    }
 #endif
 }
