@@ -105,17 +105,18 @@ def test_gguf_streamed(rng, qtype, m):
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("m", [20, 40])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q5_K"])
-def test_gguf_streamed_groups(rng, qtype):
+def test_gguf_streamed_groups(rng, qtype, m):
     """The streamed GGUF GEMV in stages of four row tiles (x copied with each stage and
     large next to a tile: 2200 rows, 35 groups, the last of two tiles; 2304 elements of k,
-    a partial last stage) with four n8 tiles of x (m = 20)."""
+    a partial last stage) with four n8 tiles of x (m = 20), and two passes (m = 40)."""
     from test_matmul import gguf_blocks
     raw = gguf_blocks(rng, qtype, 2200, 2304)
     shape, tid = (2200, 2304), kg.GGML_TYPES[qtype]
     t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
     want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
-    a = _torch().randn(20, 2304, device="cuda", dtype=_torch().float16)
+    a = _torch().randn(m, 2304, device="cuda", dtype=_torch().float16)
     y = kbit.matmul(a, t)
     ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())

@@ -26,8 +26,8 @@
 //   run of row tiles as one contiguous range through a ring of shared-memory stages that
 //   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
 //   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
-// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 32): the tiled streamed kernel's ring over
-//   the file's blocks (a TMA box of 16 rows a stage and row tile, one or four tiles a
+// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 64 in passes of 32): the tiled streamed
+//   kernel's ring over the file's blocks (a TMA box of 16 rows a stage and row tile, one or four tiles a
 //   stage), integer codes turned into exact fp16/bf16 pairs by byte permutes, scales on
 //   the fp32 sums.
 // - Direct (GGUF otherwise): each lane decodes its 8 elements with the format's own group
@@ -1244,6 +1244,14 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
+// GGUF on sm_90 takes the streamed kernel below to kGgufStreamMaxM rows of x, in passes of
+// kGgufPassM (four n8 tiles), each reading W again. Measured against the direct GEMM
+// (bench/RESULTS.md, session 14): two passes 1.3-2.5x faster on the five Llama shapes but
+// Q4_0 / Q8_0 on 4096x14336 (3-10% slower); three and four passes up to 1.6x slower on
+// 4096-row weights and for Q4_0 / Q8_0.
+constexpr int64_t kGgufPassM = 4 * kMaxM;
+constexpr int64_t kGgufStreamMaxM = 2 * kGgufPassM;
+
 // GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
 // weight and a ring of two stages fits, its stages of kR row tiles (stage_tiles); runs it
 // (err: its launch status) and returns true, or returns false for the direct kernels.
@@ -1309,16 +1317,26 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
                     const FloatDirect<T, Fmt> dec{b};
-                    // the streamed GEMV to m = 32 (two or four n8 tiles on one decode),
-                    // else the direct kernels: the GEMV to m = 8, the GEMM from m = 9
-                    const bool streamed =
-                        m <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(b, x, m, k_in, n_out, bias, y,
-                                                                   stream, err)
-                        : m <= 2 * kMaxM ? launch_gguf_stream<T, Fmt, 2>(b, x, m, k_in, n_out,
-                                                                         bias, y, stream, err)
-                        : m <= 4 * kMaxM ? launch_gguf_stream<T, Fmt, 4>(b, x, m, k_in, n_out,
-                                                                         bias, y, stream, err)
-                                         : false;
+                    using S = typename T::storage;
+                    // the streamed GEMV over rows [m0, m0 + rows) of x (one, two or four n8
+                    // tiles on one decode)
+                    auto pass = [&](int64_t m0, int64_t rows) {
+                        const S *xp = static_cast<const S *>(x) + m0 * k_in;
+                        S *yp = static_cast<S *>(y) + m0 * n_out;
+                        return rows <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(
+                                                   b, xp, rows, k_in, n_out, bias, yp, stream, err)
+                               : rows <= 2 * kMaxM
+                                   ? launch_gguf_stream<T, Fmt, 2>(b, xp, rows, k_in, n_out, bias,
+                                                                   yp, stream, err)
+                                   : launch_gguf_stream<T, Fmt, 4>(b, xp, rows, k_in, n_out, bias,
+                                                                   yp, stream, err);
+                    };
+                    // to kGgufStreamMaxM rows of x, passes of up to 32 over the stream (W read
+                    // once a pass), else (or where it cannot read W) the direct kernels: the
+                    // GEMV to m = 8, the GEMM from m = 9
+                    bool streamed = m <= kGgufStreamMaxM;
+                    for (int64_t m0 = 0; streamed && err == cudaSuccess && m0 < m; m0 += kGgufPassM)
+                        streamed = pass(m0, m - m0 < kGgufPassM ? m - m0 : kGgufPassM);
                     if (!streamed)
                         err = m >= kGemmMinM
                                   ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y,

@@ -1,5 +1,5 @@
-// GGUF streamed GEMV (m <= 32, sm_90): included by gemv.cu after the tiled streamed
-// kernel, whose ring, resident x and consumer barrier it shares.
+// GGUF streamed GEMV (a pass of m <= 32 rows of x, sm_90): included by gemv.cu after the
+// tiled streamed kernel, whose ring, resident x and consumer barrier it shares.
 //
 // The blocks are read exactly as a GGUF file stores them (row after row of W). A
 // persistent CTA per SM owns a run of tile groups of kR 16-row tiles (kR = 1, or 4 where
