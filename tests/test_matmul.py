@@ -546,10 +546,10 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
     tiles than SMs (2200 rows: CTAs with two tiles, or 35 four-tile groups, the last of
     two tiles, at m = 16 and from 17), n_out off the 16-row tile, every row of x of a
     pass, x held in shared memory for the whole kernel (8500 rows: three row tiles or more
-    a CTA) or copied with each stage, passes of 32 and 18 rows (m = 50); and the direct
-    kernels where the stream cannot read (blocks 2 bytes off 16, k_in off 256 / 2048;
-    Q6_K from m = 17, whose stages with 32 rows of x leave no ring) and from m = 65;
-    against the reference and the host."""
+    a CTA) or copied with each stage, passes of 32 and 18 rows (m = 50; Q6_K, whose stages
+    with 32 rows of x leave no ring, in passes of 16 rows to m = 48: 16 + 4, 16 + 16, 16 +
+    16 + 1); and the direct kernels where the stream cannot read (blocks 2 bytes off 16,
+    k_in off 256 / 2048) and from m = 65 (Q6_K 49); against the reference and the host."""
     import torch
     big = 2048 if qtype == "Q6_K" else 2560
     cases = ((131, big, (1, 3, 12, 65)), (2200, 2048, (8, 16)), (40, 4096, (2, 5, 7, 9)),

@@ -1244,13 +1244,21 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
-// GGUF on sm_90 takes the streamed kernel below to kGgufStreamMaxM rows of x, in passes of
-// kGgufPassM (four n8 tiles), each reading W again. Measured against the direct GEMM
-// (bench/RESULTS.md, session 14): two passes 1.3-2.5x faster on the five Llama shapes but
-// Q4_0 / Q8_0 on 4096x14336 (3-10% slower); three and four passes up to 1.6x slower on
-// 4096-row weights and for Q4_0 / Q8_0.
-constexpr int64_t kGgufPassM = 4 * kMaxM;
-constexpr int64_t kGgufStreamMaxM = 2 * kGgufPassM;
+// GGUF on sm_90 takes the streamed kernel below to gguf_stream_max_m rows of x, in passes
+// of gguf_pass_m (four n8 tiles; two for Q6_K, whose 2048-element stages with 32 rows of
+// x leave no ring of two), each reading W again. Measured against the direct GEMM
+// (bench/RESULTS.md, session 14): two 32-row passes 1.3-2.5x faster on the five Llama
+// shapes but Q4_0 / Q8_0 on 4096x14336 (3-10% slower); three and four up to 1.6x slower on
+// 4096-row weights and for Q4_0 / Q8_0; Q6_K in three 16-row passes (its m = 16 time
+// three times) under the direct GEMM's on every shape.
+template <class Fmt>
+constexpr int64_t gguf_pass_m() {
+    return gguf_stream::groups_ok<Fmt, 4>() ? 4 * kMaxM : 2 * kMaxM;
+}
+template <class Fmt>
+constexpr int64_t gguf_stream_max_m() {
+    return gguf_stream::groups_ok<Fmt, 4>() ? 2 * gguf_pass_m<Fmt>() : 3 * gguf_pass_m<Fmt>();
+}
 
 // GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
 // weight and a ring of two stages fits, its stages of kR row tiles (stage_tiles); runs it
@@ -1320,23 +1328,27 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                     using S = typename T::storage;
                     // the streamed GEMV over rows [m0, m0 + rows) of x (one, two or four n8
                     // tiles on one decode)
+                    constexpr int64_t kPass = gguf_pass_m<Fmt>();
                     auto pass = [&](int64_t m0, int64_t rows) {
                         const S *xp = static_cast<const S *>(x) + m0 * k_in;
                         S *yp = static_cast<S *>(y) + m0 * n_out;
-                        return rows <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(
-                                                   b, xp, rows, k_in, n_out, bias, yp, stream, err)
-                               : rows <= 2 * kMaxM
-                                   ? launch_gguf_stream<T, Fmt, 2>(b, xp, rows, k_in, n_out, bias,
-                                                                   yp, stream, err)
-                                   : launch_gguf_stream<T, Fmt, 4>(b, xp, rows, k_in, n_out, bias,
-                                                                   yp, stream, err);
+                        if (rows <= kMaxM)
+                            return launch_gguf_stream<T, Fmt, 1>(b, xp, rows, k_in, n_out, bias, yp,
+                                                                 stream, err);
+                        if (rows <= 2 * kMaxM)
+                            return launch_gguf_stream<T, Fmt, 2>(b, xp, rows, k_in, n_out, bias, yp,
+                                                                 stream, err);
+                        if constexpr (kPass > 2 * kMaxM)
+                            return launch_gguf_stream<T, Fmt, 4>(b, xp, rows, k_in, n_out, bias, yp,
+                                                                 stream, err);
+                        return false;
                     };
-                    // to kGgufStreamMaxM rows of x, passes of up to 32 over the stream (W read
-                    // once a pass), else (or where it cannot read W) the direct kernels: the
-                    // GEMV to m = 8, the GEMM from m = 9
-                    bool streamed = m <= kGgufStreamMaxM;
-                    for (int64_t m0 = 0; streamed && err == cudaSuccess && m0 < m; m0 += kGgufPassM)
-                        streamed = pass(m0, m - m0 < kGgufPassM ? m - m0 : kGgufPassM);
+                    // to gguf_stream_max_m rows of x, passes over the stream (W read once a
+                    // pass), else (or where it cannot read W) the direct kernels: the GEMV
+                    // to m = 8, the GEMM from m = 9
+                    bool streamed = m <= gguf_stream_max_m<Fmt>();
+                    for (int64_t m0 = 0; streamed && err == cudaSuccess && m0 < m; m0 += kPass)
+                        streamed = pass(m0, m - m0 < kPass ? m - m0 : kPass);
                     if (!streamed)
                         err = m >= kGemmMinM
                                   ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y,
