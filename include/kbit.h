@@ -481,10 +481,11 @@ KBIT_API kbit_status kbit_gguf_dequantize_host(int ggml_type, const void *blocks
  *  values, so that kbit_tile and the kbit matmul kernels take it: kbit_packed gets
  *  kbit_packed_words(n, 4) words (block b's code i is its nibble q_i as it is, in bit
  *  planes), kbit_absmax kbit_absmax_bytes(n, absmax_format) bytes (block b's fp16 d, its
- *  bits for KBIT_ABSMAX_FP16, widened for KBIT_ABSMAX_FP32). With the codebook
+ *  bits for KBIT_ABSMAX_FP16, widened for KBIT_ABSMAX_FP32, a NaN as 0x7FFFFFFF). With the codebook
  *  {-8, -7, ..., 7} (entry c = c - 8) and tensor_scale 1, codebook[q] * d is ggml's
  *  (q - 8) * d. Other types: KBIT_ERROR_INVALID_ARGUMENT (the k-quants' per-block mins
- *  have no kbit form). Asynchronous on `stream`.
+ *  have no kbit form). blocks on 2 bytes, kbit_packed on 4, kbit_absmax on 4 (FP32) or 2
+ *  (FP16). Asynchronous on `stream`.
  *  @return a status; nothing is written on bad input. */
 KBIT_API kbit_status kbit_gguf_to_kbit(int ggml_type, const void *blocks, int64_t n,
                                        kbit_absmax_format absmax_format, uint32_t *kbit_packed,

@@ -62,8 +62,9 @@ def test_q4_0_to_kbit_is_exact(rng, absmax, finite):
     d = t.blocks.reshape(-1, 18)[:, :2].copy().view(np.float16).reshape(-1)
     if absmax == "fp16":
         assert np.array_equal(np.asarray(q.absmax).view(np.uint16), d.view(np.uint16))
-    else:
+    else:  # widened; a NaN as 0x7FFFFFFF, on the host and the GPU alike
         assert np.array_equal(q.absmax, d.astype(np.float32), equal_nan=True)
+        assert np.all(np.asarray(q.absmax).view(np.uint32)[np.isnan(d)] == 0x7FFFFFFF)
     want = kg.dequantize(t, dtype="float32")
     assert np.array_equal(kbit.dequantize(q, dtype="float32"), want, equal_nan=not finite)
 
@@ -106,27 +107,31 @@ def test_to_kbit_refuses_bad_arguments(rng):
     packed_off_at = packed_off.ctypes.data + (-packed_off.ctypes.data % 4) + 2
     halves_raw = np.zeros(16, np.uint8)
     halves_odd_at = halves_raw.ctypes.data + (-halves_raw.ctypes.data % 2) + 1
-    cases = [((12, raw.ctypes.data, n, FMT["fp32"], words.ctypes.data, scales.ctypes.data), S_INVALID),
-             ((14, raw.ctypes.data, n, FMT["fp32"], words.ctypes.data, scales.ctypes.data), S_INVALID),
-             ((Q4_0, raw.ctypes.data, 48, FMT["fp32"], words.ctypes.data, scales.ctypes.data), S_INVALID),
-             ((Q4_0, raw.ctypes.data, -32, FMT["fp32"], words.ctypes.data, scales.ctypes.data), S_INVALID),
-             ((Q4_0, raw.ctypes.data, n, FMT["e4m4"], words.ctypes.data, scales.ctypes.data), S_INVALID),
-             ((Q4_0, None, n, FMT["fp32"], words.ctypes.data, scales.ctypes.data), S_NULL),
-             ((Q4_0, raw.ctypes.data, n, FMT["fp32"], None, scales.ctypes.data), S_NULL),
-             ((Q4_0, raw.ctypes.data, n, FMT["fp32"], words.ctypes.data, None), S_NULL),
-             ((Q4_0, odd_blocks.ctypes.data, n, FMT["fp32"], words.ctypes.data, scales.ctypes.data),
-              S_MISALIGNED),
-             ((Q4_0, raw.ctypes.data, n, FMT["fp32"], packed_off_at, scales.ctypes.data), S_MISALIGNED),
-             ((Q4_0, raw.ctypes.data, n, FMT["fp16"], words.ctypes.data, halves_odd_at), S_MISALIGNED)]
+    blk, out32, out16 = raw.ctypes.data, words.ctypes.data, scales.ctypes.data
+    cases = [((12, blk, n, FMT["fp32"], out32, out16), S_INVALID),
+             ((14, blk, n, FMT["fp16"], out32, halves.ctypes.data), S_INVALID),
+             ((Q4_0, blk, 48, FMT["fp32"], out32, out16), S_INVALID),
+             ((Q4_0, blk, -32, FMT["fp32"], out32, out16), S_INVALID),
+             ((Q4_0, blk, n, FMT["e4m4"], out32, out16), S_INVALID),
+             ((Q4_0, None, n, FMT["fp32"], out32, out16), S_NULL),
+             ((Q4_0, blk, n, FMT["fp32"], None, out16), S_NULL),
+             ((Q4_0, blk, n, FMT["fp16"], out32, None), S_NULL),
+             ((Q4_0, odd_blocks.ctypes.data, n, FMT["fp32"], out32, out16), S_MISALIGNED),
+             ((Q4_0, blk, n, FMT["fp32"], packed_off_at, out16), S_MISALIGNED),
+             ((Q4_0, blk, n, FMT["fp16"], out32, halves_odd_at), S_MISALIGNED)]
     for args, status in cases:
         assert fn(*args) == status, args
     assert np.all(words == 7) and np.all(scales == 7) and np.all(halves == 7)
     assert fn(*cases[0][0]) == S_INVALID
     assert b"only Q4_0" in function("kbit_last_error_message")()
+    assert fn(*cases[6][0]) == S_NULL
+    assert b"kbit_packed" in function("kbit_last_error_message")()
     assert not packed_off.any() and not halves_raw.any()
     assert fn(Q4_0, None, 0, FMT["fp32"], None, None) == S_OK  # n = 0: nothing to do
-    assert fn(Q4_0, raw.ctypes.data, n, FMT["fp16"], words.ctypes.data,
-              halves.ctypes.data) == S_OK
+    assert fn(Q4_0, blk, n, FMT["fp16"], out32, halves.ctypes.data) == S_OK
+    d_bits = raw.reshape(-1, 18)[:, :2].copy().view(np.uint16)[:, 0]
+    assert np.array_equal(halves.view(np.uint16), d_bits)
+    assert np.array_equal(words, planes_of(codes_of(raw)))
     q4_k = kg.GGUFTensor(np.zeros(144, np.uint8), 12, (1, 256))
     with pytest.raises(kbit.KbitError, match="only Q4_0"):
         kg.to_kbit(q4_k)
@@ -146,14 +151,18 @@ def test_gpu_q4_0_to_kbit_and_matmul(rng, dtype):
     """On the GPU: to_kbit and tile write the host's bytes; the tiled matmul (the GEMVs and
     the GEMMs) is within the bounds of the Q4_0 values."""
     import torch
+    # random blocks (NaN, inf, zero and subnormal scales, -0.0 among them): the same bits
+    t = q4_0_tensor(rng, (33, 256), finite=False)
+    t_gpu = kg.GGUFTensor(torch.from_numpy(t.blocks).cuda(), Q4_0, t.shape)
+    for absmax, bits in (("fp16", np.uint16), ("fp32", np.uint32)):
+        q, q_gpu = kg.to_kbit(t, absmax), kg.to_kbit(t_gpu, absmax)
+        torch.cuda.synchronize()
+        assert np.array_equal(q_gpu.packed.cpu().numpy().view(np.uint32), q.packed)
+        got = q_gpu.absmax.cpu().numpy().view(bits)
+        assert np.array_equal(got, np.asarray(q.absmax).view(bits))
     for shape in ((272, 1024), (40, 4096)):
         t = q4_0_tensor(rng, shape, real=True)
         t_gpu = kg.GGUFTensor(torch.from_numpy(t.blocks).cuda(), Q4_0, shape)
-        for absmax in ("fp16", "fp32"):
-            q, q_gpu = kg.to_kbit(t, absmax), kg.to_kbit(t_gpu, absmax)
-            torch.cuda.synchronize()
-            assert np.array_equal(q_gpu.packed.cpu().numpy().view(np.uint32), q.packed)
-            assert np.array_equal(q_gpu.absmax.cpu().numpy(), q.absmax)
         tiled, tiled_gpu = kbit.tile(t), kbit.tile(t_gpu)
         torch.cuda.synchronize()
         assert np.array_equal(tiled_gpu.packed.cpu().numpy(), tiled.packed)

@@ -122,6 +122,20 @@ def test_gguf_streamed_groups(rng, qtype, m):
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+def test_gguf_streamed_groups_gemv(rng):
+    """Four-tile stages with one n8 tile of x (7700 x 5120 at m = 8: x too large to hold
+    for the whole kernel, 121 groups, the last of two tiles)."""
+    from test_matmul import gguf_blocks
+    raw = gguf_blocks(rng, "Q4_K", 7700, 5120)
+    shape, tid = (7700, 5120), kg.GGML_TYPES["Q4_K"]
+    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
+    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
+    a = _torch().randn(8, 5120, device="cuda", dtype=_torch().float16)
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])
 def test_streamed_x_paths(rng, n_out, k_in, m):
     """The streamed GEMVs (tiled kbit, GGUF) with x copied with each stage (7 rows of 6144

@@ -170,6 +170,25 @@ def test_gguf_q4_0_weight_tiled(rng):
     assert torch.equal(again(x), ql(x))
 
 
+@requires_gpu
+def test_gguf_q4_0_tiled_by_default_on_sm90(rng):
+    """from_quantized's default on a CUDA Q4_0 weight: tiled on compute capability 9.0 (where
+    it was measured faster), the GGUF layout elsewhere; tile=False keeps the GGUF layout;
+    both within the bounds of the Q4_0 values."""
+    from test_gguf import _quant_tensor
+    raw = _quant_tensor(rng, "Q4_0", (64, 512))
+    gt = kg.GGUFTensor(torch.from_numpy(raw.reshape(-1).copy()).cuda(), kg.GGML_TYPES["Q4_0"],
+                       (64, 512))
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    default = kt.QuantizedLinear.from_quantized(gt)
+    kept = kt.QuantizedLinear.from_quantized(gt, tile=False)
+    assert ("tiled" in repr(default)) == sm90 and "Q4_0" in repr(kept)
+    x = torch.randn(20, 512, device="cuda", dtype=torch.float16)
+    w = kt.dequantize(gt, torch.float32)
+    for layer in (default, kept):
+        _close(layer(x).float(), (x.float() @ w.T), torch.float16)
+
+
 def test_errors():
     with pytest.raises(KbitError, match="torch.Tensor"):
         kt.quantize(np.zeros(64, np.float32))

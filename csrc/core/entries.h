@@ -197,7 +197,7 @@
          (kbit::gguf::dequantize_any_host))                                                      \
     HOST(kbit_gguf_block_info, KBIT_PARAMS_GGUF_BLOCK_INFO, KBIT_TAIL_NONE,                      \
          (kbit::gguf::block_info))                                                               \
-    GPU(kbit_gguf_to_kbit, KBIT_PARAMS_GGUF_TO_KBIT, KBIT_TAIL_STREAM, (kbit::gguf::to_kbit))      \
+    GPU(kbit_gguf_to_kbit, KBIT_PARAMS_GGUF_TO_KBIT, KBIT_TAIL_STREAM, (kbit::gguf::to_kbit))    \
     HOST(kbit_gguf_to_kbit_host, KBIT_PARAMS_GGUF_TO_KBIT, KBIT_TAIL_NONE,                       \
          (kbit::gguf::to_kbit_host))
 

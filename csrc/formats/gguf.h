@@ -357,23 +357,26 @@ inline kbit_status bad_type(int ggml_type) {
 // kbit_gguf_to_kbit: a Q4_0 weight as the kbit K = 4 weight that dequantizes to the same
 // float32 values (SPEC section 1: out = codebook[c] * d). Block b's code c_i is its nibble
 // q_i as it is, its absmax the block's fp16 d (its bits, KBIT_ABSMAX_FP16, or widened,
-// KBIT_ABSMAX_FP32), and the codebook kQ4_0Book[c] = c - 8 (integers, exact): c - 8 times
-// d is ggml's (q - 8) d, rounded once alike. Only Q4_0 has one scale and no offset a
-// 32-element block; the k-quants' mins have no kbit form.
-constexpr float kQ4_0Book[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-
+// KBIT_ABSMAX_FP32, a NaN as 0x7FFFFFFF), and the codebook c - 8 (integers, exact: kbit.gguf.Q4_0_CODEBOOK):
+// c - 8 times d is ggml's (q - 8) d, rounded once alike. Only Q4_0 has one scale and no
+// offset a 32-element block; the k-quants' mins have no kbit form.
 inline kbit_status check_to_kbit(int ggml_type, const void *blocks, int64_t n,
                                  kbit_absmax_format fmt, const uint32_t *kbit_packed,
                                  const void *kbit_absmax) {
     if (ggml_type != kQ4_0)
         return fail(KBIT_ERROR_INVALID_ARGUMENT,
                     "ggml type %d has no exact kbit form: only Q4_0 (2) converts", ggml_type);
-    KBIT_TRY((check_args<Q4_0, F32>(blocks, n, kbit_packed)));
+    KBIT_TRY(check_n(n, 4));  // (the largest per-element count: kbit's words, n / 8 bytes)
+    if (n % Q4_0::kElems != 0)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT, "n = %lld is not a multiple of the block size 32",
+                    static_cast<long long>(n));
     if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
         return fail(KBIT_ERROR_INVALID_ARGUMENT,
                     "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
                     static_cast<int>(fmt));
     if (n == 0) return KBIT_SUCCESS;
+    KBIT_TRY(check_ptr(blocks, "blocks", 2));
+    KBIT_TRY(check_ptr(kbit_packed, "kbit_packed", 4));
     return check_ptr(kbit_absmax, "kbit_absmax", fmt == KBIT_ABSMAX_FP32 ? 4 : 2);
 }
 
@@ -389,8 +392,12 @@ KBIT_HD void q4_0_block_to_kbit(const uint8_t *blocks, int64_t b, kbit_absmax_fo
     }
     for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
     const uint16_t d = static_cast<uint16_t>(blk[0] | blk[1] << 8);  // little-endian fp16
-    if (fmt == KBIT_ABSMAX_FP32) static_cast<float *>(kbit_absmax)[b] = half_lo(d);
-    else static_cast<uint16_t *>(kbit_absmax)[b] = d;
+    if (fmt == KBIT_ABSMAX_FP32) {  // (a NaN as 0x7FFFFFFF: the host's and GPU's bits alike)
+        const float v = half_lo(d);
+        static_cast<float *>(kbit_absmax)[b] = v != v ? f32_from_bits(0x7FFFFFFFu) : v;
+    } else {
+        static_cast<uint16_t *>(kbit_absmax)[b] = d;
+    }
 }
 
 // The runtime switch from a ggml type id: calls f(Fmt{}) (f returns kbit_status).

@@ -65,7 +65,8 @@ static kbit_status to_kbit_host(int ggml_type, const void *blocks, int64_t n,
     KBIT_TRY(check_to_kbit(ggml_type, blocks, n, absmax_format, kbit_packed, kbit_absmax));
     const auto *in = static_cast<const uint8_t *>(blocks);
     parallel_for(n / Q4_0::kElems, int64_t{1} << 16, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) q4_0_block_to_kbit(in, b, absmax_format, kbit_packed, kbit_absmax);
+        for (int64_t b = b0; b < b1; ++b)
+            q4_0_block_to_kbit(in, b, absmax_format, kbit_packed, kbit_absmax);
     });
     return KBIT_SUCCESS;
 }

@@ -26,10 +26,10 @@
 //   run of row tiles as one contiguous range through a ring of shared-memory stages that
 //   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
 //   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
-// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 64 in passes of 32): the tiled streamed
-//   kernel's ring over the file's blocks (a TMA box of 16 rows a stage and row tile, one or four tiles a
-//   stage), integer codes turned into exact fp16/bf16 pairs by byte permutes, scales on
-//   the fp32 sums.
+// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 64 in passes of 32, Q6_K 48 in 16): the
+//   tiled streamed kernel's ring over the file's blocks (a TMA box of 16 rows a stage and
+//   row tile, one or four tiles a stage), integer codes turned into exact fp16/bf16 pairs
+//   by byte permutes, scales on the fp32 sums.
 // - Direct (GGUF otherwise): each lane decodes its 8 elements with the format's own group
 //   decoder (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
@@ -1308,7 +1308,11 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
                                                        stream, err);
         }
     }
-    return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream, err);
+    // (32 rows of x fill more than half the ring with one-tile stages: never a ring of two)
+    if constexpr (NT < 4)
+        return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream,
+                                                   err);
+    return false;
 }
 
 kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbit_dtype dtype,
@@ -1344,16 +1348,22 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                         return false;
                     };
                     // to gguf_stream_max_m rows of x, passes over the stream (W read once a
-                    // pass), else (or where it cannot read W) the direct kernels: the GEMV
-                    // to m = 8, the GEMM from m = 9
-                    bool streamed = m <= gguf_stream_max_m<Fmt>();
-                    for (int64_t m0 = 0; streamed && err == cudaSuccess && m0 < m; m0 += kPass)
-                        streamed = pass(m0, m - m0 < kPass ? m - m0 : kPass);
-                    if (!streamed)
-                        err = m >= kGemmMinM
-                                  ? gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y,
+                    // pass); the rows from m0 that no pass took (all past gguf_stream_max_m,
+                    // or where the stream cannot read W) the direct kernels: the GEMV to 8
+                    // rows, the GEMM from 9
+                    int64_t m0 = 0;
+                    while (m <= gguf_stream_max_m<Fmt>() && m0 < m &&
+                           pass(m0, m - m0 < kPass ? m - m0 : kPass) && err == cudaSuccess)
+                        m0 += kPass;
+                    const int64_t rest = m - m0;
+                    if (rest > 0 && err == cudaSuccess) {
+                        const S *xr = static_cast<const S *>(x) + m0 * k_in;
+                        S *yr = static_cast<S *>(y) + m0 * n_out;
+                        err = rest >= kGemmMinM
+                                  ? gemm::launch_direct<T>(dec, xr, rest, k_in, n_out, bias, yr,
                                                            workspace, workspace_bytes, stream)
-                                  : launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
+                                  : launch_direct<T>(dec, xr, rest, k_in, n_out, bias, yr, stream);
+                    }
                 }
                 return KBIT_SUCCESS;
             });

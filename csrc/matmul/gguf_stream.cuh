@@ -421,8 +421,8 @@ struct Stage {
 };
 
 // Rows of x a slot holds: x's rows of the pass for one n8 tile (the lanes past them read
-// the last row), all 16 for two (rows g + 8 past m read stale bytes; their sums are never
-// stored).
+// the last row), 8 NT for more (16 for two, 32 for four: rows past m read stale bytes;
+// their sums are never stored).
 template <int NT>
 __host__ __device__ constexpr int slot_x_rows(int x_rows) { return NT == 1 ? x_rows : 8 * NT; }
 

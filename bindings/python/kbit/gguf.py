@@ -158,20 +158,20 @@ def to_kbit(t: GGUFTensor, absmax: str = "fp16"):
     the nibbles, the block scales the blocks' fp16 d ('fp16', 4.5 bits a weight as Q4_0's
     own; or widened, 'fp32'), the codebook Q4_0_CODEBOOK. kbit.tile(t) tiles that weight
     for kbit.matmul. Other types have per-block mins no kbit weight holds: KbitError."""
+    bad = status_code("KBIT_ERROR_INVALID_ARGUMENT")
     if not isinstance(t, GGUFTensor):
-        raise KbitError(f"to_kbit takes a kbit.gguf.GGUFTensor, got {type(t).__name__}")
+        raise KbitError(f"to_kbit takes a kbit.gguf.GGUFTensor, got {type(t).__name__}", bad)
     if absmax not in ("fp16", "fp32"):
-        raise KbitError(f"absmax must be 'fp16' or 'fp32', got {absmax!r}")
+        raise KbitError(f"absmax must be 'fp16' or 'fp32', got {absmax!r}", bad)
     if t.ggml_type != GGML_TYPES["Q4_0"]:
-        raise KbitError(f"only Q4_0 converts to kbit exactly, got {t.type_name}",
-                        status_code("KBIT_ERROR_INVALID_ARGUMENT"))
+        raise KbitError(f"only Q4_0 converts to kbit exactly, got {t.type_name}", bad)
     n = t.n
     elems, bsize = block_info(t.ggml_type)
     place = _arrays.place_of(t.blocks, "blocks")
     view = place.view(t.blocks, "blocks", _host_blocks)
     if view.nbytes != n // elems * bsize:
         raise KbitError(f"{n} Q4_0 elements take {n // elems * bsize} bytes of blocks, "
-                        f"got {view.nbytes}")
+                        f"got {view.nbytes}", bad)
     words, entries = _kbit._sizes(n, 4, absmax)
     with place.active():
         packed = place.empty((words,), "uint32")

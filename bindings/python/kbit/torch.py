@@ -201,9 +201,9 @@ class QuantizedLinear(nn.Module):
         """Wraps a quantized (out_features, in_features) weight of any kbit container.
         tile: repack it for the matmul first (kbit.tile: a kbit or NF4 / FP4 weight, or a
         Q4_0 GGUF one as the kbit K = 4 weight of the same values). None: a Q4_0 weight on
-        a CUDA device of compute capability 9.0 or later, where an H100 measured the tiled
-        one at 0.88-1.18x the GGUF one's speed at 1 to 8 rows of x and 1.2-5.7x from 16
-        (bench/RESULTS.md, session 14); others as they are."""
+        a CUDA device of compute capability 9.0, where an H100 measured the tiled one at
+        0.88-1.18x the GGUF one's speed at 1 to 8 rows of x, 0.94-2.0x at 16 to 32 (one
+        shape slower) and 2-5x from 64 (bench/RESULTS.md, session 14); others as they are."""
         shape = tuple(weight.shape)
         if len(shape) != 2:
             raise KbitError(f"a linear weight is 2-D, got shape {shape}")
@@ -212,7 +212,7 @@ class QuantizedLinear(nn.Module):
             tile = (isinstance(weight, _gguf.GGUFTensor) and shape[1] % 32 == 0
                     and weight.ggml_type == _gguf.GGML_TYPES["Q4_0"]
                     and isinstance(blocks, torch.Tensor) and blocks.is_cuda
-                    and torch.cuda.get_device_capability(blocks.device) >= (9, 0))
+                    and torch.cuda.get_device_capability(blocks.device) == (9, 0))
         if tile:
             weight = _tiled.tile(weight)
         return cls(_torch_fields(weight), bias)
