@@ -68,6 +68,16 @@ inline kbit_status check_ptr(const void *p, const char *name, size_t align) {
     return KBIT_SUCCESS;
 }
 
+// The scale formats of the exact conversions into kbit (kbit_nf4_to_kbit,
+// kbit_gguf_to_kbit): float32 or half, never E4M4 (which rounds).
+inline kbit_status check_exact_scales(kbit_absmax_format fmt) {
+    if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
+        return fail(KBIT_ERROR_INVALID_ARGUMENT,
+                    "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
+                    static_cast<int>(fmt));
+    return KBIT_SUCCESS;
+}
+
 inline size_t dtype_size(kbit_dtype t) { return t == KBIT_DTYPE_FP32 ? 4 : 2; }
 
 inline bool valid_dtype(int t) { return t >= KBIT_DTYPE_FP32 && t <= KBIT_DTYPE_BF16; }

@@ -290,10 +290,7 @@ inline kbit_status check_to_kbit(const uint8_t *packed, const float *absmax, int
                                  const void *kbit_absmax) {
     KBIT_TRY(check_n(n, 2));  // (to 2^62 elements, as the 16-bit entries)
     KBIT_TRY(check_blocksize(bs));
-    if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
-        return fail(KBIT_ERROR_INVALID_ARGUMENT,
-                    "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
-                    static_cast<int>(fmt));
+    KBIT_TRY(check_exact_scales(fmt));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(packed, "packed", 1));
     KBIT_TRY(check_ptr(absmax, "absmax", 4));

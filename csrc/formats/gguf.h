@@ -357,9 +357,10 @@ inline kbit_status bad_type(int ggml_type) {
 // kbit_gguf_to_kbit: a Q4_0 weight as the kbit K = 4 weight that dequantizes to the same
 // float32 values (SPEC section 1: out = codebook[c] * d). Block b's code c_i is its nibble
 // q_i as it is, its absmax the block's fp16 d (its bits, KBIT_ABSMAX_FP16, or widened,
-// KBIT_ABSMAX_FP32, a NaN as 0x7FFFFFFF), and the codebook c - 8 (integers, exact: kbit.gguf.Q4_0_CODEBOOK):
-// c - 8 times d is ggml's (q - 8) d, rounded once alike. Only Q4_0 has one scale and no
-// offset a 32-element block; the k-quants' mins have no kbit form.
+// KBIT_ABSMAX_FP32, a NaN as 0x7FFFFFFF), and the codebook c - 8 (integers, exact;
+// kbit.gguf.Q4_0_CODEBOOK): c - 8 times d is ggml's (q - 8) d, rounded once alike. Only
+// Q4_0 has one scale and no offset a 32-element block; the k-quants' mins have no kbit
+// form.
 inline kbit_status check_to_kbit(int ggml_type, const void *blocks, int64_t n,
                                  kbit_absmax_format fmt, const uint32_t *kbit_packed,
                                  const void *kbit_absmax) {
@@ -370,10 +371,7 @@ inline kbit_status check_to_kbit(int ggml_type, const void *blocks, int64_t n,
     if (n % Q4_0::kElems != 0)
         return fail(KBIT_ERROR_INVALID_ARGUMENT, "n = %lld is not a multiple of the block size 32",
                     static_cast<long long>(n));
-    if (fmt != KBIT_ABSMAX_FP32 && fmt != KBIT_ABSMAX_FP16)
-        return fail(KBIT_ERROR_INVALID_ARGUMENT,
-                    "absmax_format must be KBIT_ABSMAX_FP32 or KBIT_ABSMAX_FP16, got %d",
-                    static_cast<int>(fmt));
+    KBIT_TRY(check_exact_scales(fmt));
     if (n == 0) return KBIT_SUCCESS;
     KBIT_TRY(check_ptr(blocks, "blocks", 2));
     KBIT_TRY(check_ptr(kbit_packed, "kbit_packed", 4));
