@@ -202,8 +202,9 @@ class QuantizedLinear(nn.Module):
         tile: repack it for the matmul first (kbit.tile: a kbit or NF4 / FP4 weight, or a
         Q4_0 GGUF one as the kbit K = 4 weight of the same values). None: a Q4_0 weight on
         a CUDA device of compute capability 9.0, where an H100 measured the tiled one at
-        0.88-1.18x the GGUF one's speed at 1 to 8 rows of x, 0.94-2.0x at 16 to 32 (one
-        shape slower) and 2-5x from 64 (bench/RESULTS.md, session 14); others as they are."""
+        0.93-1.14x the GGUF one's speed at 1 to 8 rows of x, 0.96-2.0x at 16 to 32,
+        2.1-3.7x at 64 and 4-5x for prefill (bench/RESULTS.md, session 14, runs 11 and 1);
+        others as they are."""
         shape = tuple(weight.shape)
         if len(shape) != 2:
             raise KbitError(f"a linear weight is 2-D, got shape {shape}")
