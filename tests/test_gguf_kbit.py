@@ -13,6 +13,7 @@ from gguf.quants import quantize as gguf_quantize
 import kbit
 from kbit import gguf as kg
 from kbit._lib import function
+from kbit.reference.kbit import pack_bitplanes
 from conftest import requires_gpu
 from test_gguf import random_blocks
 from test_matmul import (check_accuracy, cuda_x, from_cuda, magnitude, random_x, reference)
@@ -42,12 +43,6 @@ def codes_of(raw):
     return np.concatenate([qs & 15, qs >> 4], axis=1)
 
 
-def planes_of(codes):
-    """The kbit K = 4 bit-plane words of 32-code blocks."""
-    bits = (codes[:, None, :].astype(np.uint64) >> np.arange(4, dtype=np.uint64)[None, :, None]) & 1
-    return (bits << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32).reshape(-1)
-
-
 @pytest.mark.parametrize("absmax", ["fp16", "fp32"])
 @pytest.mark.parametrize("finite", [True, False])
 def test_q4_0_to_kbit_is_exact(rng, absmax, finite):
@@ -58,7 +53,7 @@ def test_q4_0_to_kbit_is_exact(rng, absmax, finite):
     q = kg.to_kbit(t, absmax)
     assert (q.k, q.absmax_format, q.tensor_scale, q.shape) == (4, absmax, 1.0, (7, 96))
     assert np.array_equal(q.codebook, np.arange(-8, 8, dtype=np.float32))
-    assert np.array_equal(q.packed, planes_of(codes_of(t.blocks)))
+    assert np.array_equal(q.packed, pack_bitplanes(codes_of(t.blocks), 4))
     d = t.blocks.reshape(-1, 18)[:, :2].copy().view(np.float16).reshape(-1)
     if absmax == "fp16":
         assert np.array_equal(np.asarray(q.absmax).view(np.uint16), d.view(np.uint16))
@@ -131,7 +126,7 @@ def test_to_kbit_refuses_bad_arguments(rng):
     assert fn(Q4_0, blk, n, FMT["fp16"], out32, halves.ctypes.data) == S_OK
     d_bits = raw.reshape(-1, 18)[:, :2].copy().view(np.uint16)[:, 0]
     assert np.array_equal(halves.view(np.uint16), d_bits)
-    assert np.array_equal(words, planes_of(codes_of(raw)))
+    assert np.array_equal(words, pack_bitplanes(codes_of(raw), 4))
     q4_k = kg.GGUFTensor(np.zeros(144, np.uint8), 12, (1, 256))
     with pytest.raises(kbit.KbitError, match="only Q4_0"):
         kg.to_kbit(q4_k)

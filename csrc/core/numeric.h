@@ -44,6 +44,10 @@ KBIT_HD float f32_from_bits(uint32_t u) {
 // NaN outputs are the canonical NaN the GPU's conversions and arithmetic produce
 // (0x7FFF for half and bfloat16, 0x7FFFFFFF for float), so CPU and GPU bytes agree.
 
+// v, or the canonical float NaN where v is a NaN (whose payload the host keeps and the
+// GPU may not).
+KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
+
 // float32 -> IEEE half bits, round to nearest even; NaN -> 0x7FFF.
 KBIT_HD uint16_t f32_to_f16_bits(float f) {
     uint32_t x = f32_bits(f);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../core/numeric.h"
+#include "kbit.h"
 #include "../core/status.h"
 
 namespace kbit {
@@ -215,10 +216,6 @@ KBIT_HD int encode_dynamic(const float *code, float v) {
     return v < mul_rn(add_rn(lo, val), 0.5f) ? lo_idx : pivot;
 }
 
-// The GPU's arithmetic NaN (see the top). Outputs go through common.h's store_cast,
-// which gives the GPU's f16/bf16/fp32 bits for any value, NaN included.
-KBIT_HD float canonical_nan(float v) { return v != v ? f32_from_bits(0x7FFFFFFFu) : v; }
-
 // The 4-bit code of element i: the high nibble of byte i/2 for even i, the low for odd.
 KBIT_HD int element_code(const uint8_t *packed, int64_t i) {
     const uint32_t byte = packed[i >> 1];
@@ -312,7 +309,7 @@ KBIT_HD void block_to_kbit(const uint8_t *packed, const float *absmax, int64_t n
     for (int i = 0; i < count; ++i) {
         const uint8_t byte = packed[(e0 + i) >> 1];
         const uint32_t c = (i & 1) ? byte & 15u : byte >> 4;
-        for (int j = 0; j < 4; ++j) planes[j] |= ((c >> j) & 1u) << i;
+        set_bitplane_code(planes, 4, i, c);
     }
     for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
     const float scale = absmax[e0 / bs];

@@ -15,6 +15,7 @@
 
 #include "../core/numeric.h"
 #include "../core/status.h"
+#include "kbit.h"
 
 #if defined(__CUDACC__)
 #  include <cuda_bf16.h>
@@ -383,19 +384,17 @@ KBIT_HD void q4_0_block_to_kbit(const uint8_t *blocks, int64_t b, kbit_absmax_fo
                                 uint32_t *kbit_packed, void *kbit_absmax) {
     const uint8_t *blk = blocks + b * sizeof(BlockQ4_0);
     uint32_t planes[4] = {0, 0, 0, 0};
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 16; ++i) {  // (element i: the low nibble of qs[i], 16 + i the high)
         const uint32_t byte = blk[offsetof(BlockQ4_0, qs) + i];
-        for (int j = 0; j < 4; ++j)
-            planes[j] |= ((byte >> j) & 1u) << i | ((byte >> (4 + j)) & 1u) << (16 + i);
+        set_bitplane_code(planes, 4, i, byte & 15u);
+        set_bitplane_code(planes, 4, 16 + i, byte >> 4);
     }
     for (int j = 0; j < 4; ++j) kbit_packed[b * 4 + j] = planes[j];
     const uint16_t d = static_cast<uint16_t>(blk[0] | blk[1] << 8);  // little-endian fp16
-    if (fmt == KBIT_ABSMAX_FP32) {  // (a NaN as 0x7FFFFFFF: the host's and GPU's bits alike)
-        const float v = half_lo(d);
-        static_cast<float *>(kbit_absmax)[b] = v != v ? f32_from_bits(0x7FFFFFFFu) : v;
-    } else {
+    if (fmt == KBIT_ABSMAX_FP32)  // (a NaN canonical: the host's and GPU's bits alike)
+        static_cast<float *>(kbit_absmax)[b] = canonical_nan(half_lo(d));
+    else
         static_cast<uint16_t *>(kbit_absmax)[b] = d;
-    }
 }
 
 // The runtime switch from a ggml type id: calls f(Fmt{}) (f returns kbit_status).

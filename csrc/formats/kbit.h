@@ -150,6 +150,10 @@ KBIT_HD uint32_t bitplane_code(const uint32_t *words, int k, int i) {
     for (int j = 0; j < k; ++j) c |= ((words[j] >> i) & 1u) << j;
     return c;
 }
+// Its inverse: code c of element i into the block's k words (whose bits i are zero).
+KBIT_HD void set_bitplane_code(uint32_t *words, int k, int i, uint32_t c) {
+    for (int j = 0; j < k; ++j) words[j] |= ((c >> j) & 1u) << i;
+}
 
 // The codebook of a call: the caller's, or the built-in one for k when it passed NULL.
 inline const float *resolve_codebook(const float *codebook, int k) {

@@ -116,7 +116,7 @@ BlockFit quantize_block(float *x, const float *w, int valid, const SearchTable &
     }
     for (int j = 0; j < K; ++j) words[j] = 0;
     for (int i = 0; i < valid; ++i)
-        for (int j = 0; j < K; ++j) words[j] |= ((codes[i] >> j) & 1u) << i;
+        set_bitplane_code(words, K, i, codes[i]);
     if (!finite && fmt == KBIT_ABSMAX_E4M4) return kNonFiniteE4M4;
     return over ? kOverRange : kFits;
 }

@@ -102,6 +102,19 @@ def _host_blocks(blocks) -> np.ndarray:
     return raw
 
 
+def _blocks_view(blocks, tid: int, n: int):
+    """(place, view) of the raw blocks of n elements of type tid, refused (KbitError) where
+    they are not n / block_elems * block_bytes bytes."""
+    elems, bsize = block_info(tid)
+    need = n // elems * bsize
+    place = _arrays.place_of(blocks, "blocks")
+    view = place.view(blocks, "blocks", _host_blocks)
+    if view.nbytes != need:
+        raise KbitError(f"{n} {ggml_name(tid)} elements take {need} bytes of blocks, "
+                        f"got {view.nbytes}", status_code("KBIT_ERROR_INVALID_ARGUMENT"))
+    return place, view
+
+
 def dequantize(blocks, ggml_type=None, n: int | None = None, dtype="float32", out=None):
     """Dequantizes n elements stored as ggml blocks of `ggml_type`.
 
@@ -135,13 +148,8 @@ def dequantize(blocks, ggml_type=None, n: int | None = None, dtype="float32", ou
         raise KbitError(f"n = {n} is not a non-negative multiple of the "
                         f"{ggml_name(tid)} block size {elems}",
                         status_code("KBIT_ERROR_INVALID_ARGUMENT"))
-    need = n // elems * bsize
     name = _arrays.float_dtype(dtype)
-    place = _arrays.place_of(blocks, "blocks")
-    view = place.view(blocks, "blocks", _host_blocks)
-    if view.nbytes != need:
-        raise KbitError(f"{n} {ggml_name(tid)} elements take {need} bytes of blocks, "
-                        f"got {view.nbytes}")
+    place, view = _blocks_view(blocks, tid, n)
     out, out_ptr = place.output(out, shape or (n,), name)
     with place.active():
         place.call("kbit_gguf_dequantize", tid, view.ptr, n, _arrays.DTYPE_ID[name], out_ptr)
@@ -166,12 +174,7 @@ def to_kbit(t: GGUFTensor, absmax: str = "fp16"):
     if t.ggml_type != GGML_TYPES["Q4_0"]:
         raise KbitError(f"only Q4_0 converts to kbit exactly, got {t.type_name}", bad)
     n = t.n
-    elems, bsize = block_info(t.ggml_type)
-    place = _arrays.place_of(t.blocks, "blocks")
-    view = place.view(t.blocks, "blocks", _host_blocks)
-    if view.nbytes != n // elems * bsize:
-        raise KbitError(f"{n} Q4_0 elements take {n // elems * bsize} bytes of blocks, "
-                        f"got {view.nbytes}", bad)
+    place, view = _blocks_view(t.blocks, t.ggml_type, n)
     words, entries = _kbit._sizes(n, 4, absmax)
     with place.active():
         packed = place.empty((words,), "uint32")
