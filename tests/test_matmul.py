@@ -577,6 +577,56 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_gpu_gguf_gemm(rng, qtype):
+    """GGUF from m = 65 on sm_90 through the GGUF GEMM, which reads the file's blocks in
+    stages of 256 elements of k of 128 rows (Q6_K's 210-byte blocks at every even offset
+    from a 16-byte boundary) when they lie on 16 bytes and k_in % 256 == 0 (Q6_K: % 2048):
+    128 and 256 rows of x a CTA, partial tiles of rows of W and of x, few tiles (k split
+    through kbit.matmul's workspace, splits of uneven stage counts), more tiles than SMs,
+    fp16 and bf16 x, bias; the blocks 2 bytes off 16 (the direct kernel); and through the
+    C entry with the workspace NULL and given (left zeroed); against the reference and the
+    host."""
+    import torch
+    k_small = 2048 if qtype == "Q6_K" else 768
+    cases = ((131, 2048, (65, 100, 257)), (300, 4096, (129,)), (40, k_small, (70, 300)),
+             (8500, 2048 if qtype == "Q6_K" else 512, (300,)))
+    for i, (n_out, k_in, ms) in enumerate(cases):
+        w, w64 = gpu_case(rng, qtype, n_out, k_in)
+        for m in ms:
+            dtype = ("float16", "bfloat16")[(i + m) % 2]
+            check_gpu(rng, w, w64, m, dtype, m % 2 == 0, f"{qtype} {n_out}x{k_in} m={m}")
+    # the C entry, workspace NULL and given; a split shape (6 tiles of 128 x 128)
+    m, n_out, k_in, dtype = 129, 300, 4096, "float16"
+    w, w64 = gpu_case(rng, qtype, n_out, k_in)
+    wd = to_device(w)
+    x = random_x(rng, (m, k_in), dtype)
+    x_t = cuda_x(x, dtype)
+    nbytes = workspace_bytes(m, k_in, n_out)
+    assert nbytes > 0
+    ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    for use_ws in (False, True):
+        y_t = poisoned_cuda((m, n_out), dtype)
+        ws_args = [ws.data_ptr(), nbytes] if use_ws else [None, 0]
+        assert function("kbit_matmul_gguf")(x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype],
+                                            GGML_ID[qtype], wd.blocks.data_ptr(), None,
+                                            y_t.data_ptr(), *ws_args, stream) == S_OK, \
+            lib().kbit_last_error_message()
+        torch.cuda.synchronize()
+        check_accuracy(from_cuda(y_t, dtype), reference(x, w64, None, dtype), dtype,
+                       f"{qtype} workspace={use_ws}", magnitude(x, w64, dtype))
+        assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
+    # the same bytes 2 bytes past a 16-byte boundary: the direct kernel
+    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
+    assert padded.data_ptr() % 16 == 2
+    y = kbit.matmul(x_t[:70], types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type,
+                                                    shape=w.shape))
+    check_accuracy(from_cuda(y, dtype), reference(x[:70], w64, None, dtype), dtype,
+                   f"{qtype} offset blocks", magnitude(x[:70], w64, dtype))
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", KS)
 def test_gpu_kbit_stored_streamed_gemm(rng, k):
     """Stored kbit at m = 8..64, which on sm_90 the streamed wgmma GEMM reads as

@@ -122,6 +122,22 @@ def test_gguf_streamed_groups(rng, qtype, m):
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("qtype", list(kg.GGML_TYPES))
+def test_gguf_gemm(rng, qtype):
+    """The GGUF GEMM (sm_90, m >= 65): 131 rows (two CTAs of 128, the second 3 rows),
+    2048 elements of k (eight stages; Q6_K's blocks at every even offset of a box), m = 70
+    (a partial tile of 128 rows of x), split k through kbit.matmul's workspace."""
+    from test_matmul import gguf_blocks
+    raw = gguf_blocks(rng, qtype, 131, 2048)
+    shape, tid = (131, 2048), kg.GGML_TYPES[qtype]
+    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
+    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
+    a = _torch().randn(70, 2048, device="cuda", dtype=_torch().float16)
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 def test_gguf_streamed_groups_gemv(rng):
     """Four-tile stages with one n8 tile of x (7700 x 5120 at m = 8: x too large to hold
     for the whole kernel, 121 groups, the last of two tiles)."""

@@ -116,6 +116,19 @@ KBIT_HD void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t s2, int s, uint32_t
     *mn = low ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4));
 }
 
+// The same four at a time: the 6-bit scales (sc) and mins (mn) of sub-blocks 4 half ..
+// 4 half + 3 as the bytes of two words (byte j: sub-block 4 half + j).
+KBIT_HD void scales_mins_k4(uint32_t s0, uint32_t s1, uint32_t s2, int half, uint32_t &sc,
+                            uint32_t &mn) {
+    if (half == 0) {
+        sc = s0 & 0x3F3F3F3Fu;
+        mn = s1 & 0x3F3F3F3Fu;
+    } else {
+        sc = (s2 & kLow4) | ((s0 >> 2) & 0x30303030u);
+        mn = ((s2 >> 4) & kLow4) | ((s1 >> 2) & 0x30303030u);
+    }
+}
+
 // ---- formats: decode elements e0 .. e0+G-1 of the block behind `ld` into y ---------
 //
 // G is 4 or 8 and e0 a multiple of G, so a group never straddles a sub-block or a run

@@ -253,6 +253,13 @@ inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     return split_last(p, kTiled90Room, tail);
 }
 
+// GGUF weights from m = kGguf90MinM on Hopper: the GGUF GEMM (gemm_sm90.cu) on the tiled
+// GEMM's plan; below, the streamed GGUF GEMV in passes (gemv.cu).
+#ifndef KBIT_GGUF90_MIN_M
+#define KBIT_GGUF90_MIN_M 65
+#endif
+constexpr int64_t kGguf90MinM = KBIT_GGUF90_MIN_M;
+
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     // the streamed GEMM below kGemmMinM only where stored weights take it

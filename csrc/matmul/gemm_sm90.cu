@@ -1167,6 +1167,107 @@ __device__ __forceinline__ uint32_t gathered_field(const uint32_t (&w)[K], int r
     else return segment_field<K>(w, 4 * r);
 }
 
+// The work items of a persistent GEMM, gridDim.x apart: tiles [0, whole) whole, then
+// (tile, split) of the other tiles, split-major (`slot`: the tile's place in the
+// workspace); an item's stages are its split's share of the row's `groups` stages of k.
+struct WorkItems {
+    int64_t m, n_out, groups, whole, split_tiles;
+    int splits, bn;
+    struct Item {
+        int64_t tile, slot, n0, m0;
+        int split, splits, g_begin, stages;
+    };
+    __device__ WorkItems(int64_t m_, int64_t n_out_, int64_t groups_, int bn_, int64_t whole_,
+                         int splits_)
+        : m(m_), n_out(n_out_), groups(groups_), whole(whole_), splits(splits_), bn(bn_) {
+        split_tiles = ((m + bn - 1) / bn) * ((n_out + kGemmRows - 1) / kGemmRows) - whole;
+    }
+    __device__ int64_t count() const { return whole + split_tiles * splits; }
+    __device__ Item operator[](int64_t it) const {
+        Item w;
+        const int64_t j = it - whole;
+        w.slot = j < 0 ? 0 : j % split_tiles;
+        w.tile = j < 0 ? it : whole + w.slot;
+        w.split = j < 0 ? 0 : static_cast<int>(j / split_tiles);
+        w.splits = j < 0 ? 1 : splits;
+        const gemm::TileOrigin origin = gemm::tile_origin(w.tile, m, n_out, bn);
+        w.n0 = origin.n0, w.m0 = origin.m0;
+        w.g_begin = static_cast<int>(groups * w.split / w.splits);
+        w.stages = static_cast<int>(groups * (w.split + 1) / w.splits) - w.g_begin;  // >= 1
+        return w;
+    }
+};
+
+// A ring of shared-memory slots with a full and an empty mbarrier each.
+struct Ring {
+    uint32_t at, bytes, full, empty;  // first slot, a slot's bytes, the slots' barriers
+    int n;
+    __device__ void init(int consumers) const {
+        for (int i = 0; i < n; ++i) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, consumers);
+    }
+};
+// A position in a ring: slot, and the parity of its current phase.
+struct RingPos {
+    int slot = 0;
+    uint32_t phase = 0;
+    bool wrapped = false;  // every slot filled once
+    __device__ void next(int n) {
+        if (++slot == n) slot = 0, phase ^= 1u, wrapped = true;
+    }
+};
+
+// The producer of the persistent GEMMs (one thread): for each stage of each of the CTA's
+// items, W's stage into a slot of the W ring (issue_w(dst, stage, n0, bar, policy), w_bytes),
+// then its kHalves 64-k halves of x into slots of the x ring. A slot's n-th refill (n >=
+// 1) waits for its n-th release, the phase of parity (n - 1) & 1.
+// An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
+// item's through the workspace, by its last split to arrive; staged (store_tile_staged)
+// where staged_y, else element by element.
+template <class T, int BN>
+__device__ __forceinline__ void store_item(float (&acc)[BN / 2], const WorkItems::Item &item,
+                                           int64_t m, int64_t n_out, float out_mul,
+                                           const typename T::storage *__restrict__ bias,
+                                           typename T::storage *__restrict__ y, float *partials,
+                                           unsigned *counters, bool staged_y, uint32_t staging) {
+    if (item.splits > 1 &&
+        !gemm::sum_splits<BN / 2, kThreads90>(acc, item.slot, item.split, item.splits, partials,
+                                              counters, ConsumerSync{}))
+        return;
+    if (staged_y)  // (false where BN < 64)
+        store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
+    else
+        epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, 0, 1, nullptr,
+                    nullptr, ConsumerSync{});
+}
+
+template <int kHalves, class IssueW>
+__device__ __forceinline__ void produce(const WorkItems &items, const Ring &wr, const Ring &xr,
+                                        uint32_t w_bytes, const CUtensorMap &xmap, int stage_k,
+                                        IssueW issue_w) {
+    // W is read again by the CTAs of the other tiles of x, if any
+    const uint64_t w_policy = items.m > items.bn ? evict_last_policy() : evict_first_policy();
+    const uint64_t x_policy = evict_last_policy();
+    RingPos w, x;
+    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
+        const WorkItems::Item item = items[it];
+        for (int q = 0; q < item.stages; ++q) {
+            const int gi = item.g_begin + q;
+            if (w.wrapped) mbar_wait(wr.empty + 8 * w.slot, w.phase ^ 1u);
+            mbar_expect(wr.full + 8 * w.slot, w_bytes);
+            issue_w(wr.at + w.slot * wr.bytes, gi, item.n0, wr.full + 8 * w.slot, w_policy);
+            w.next(wr.n);
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) {
+                if (x.wrapped) mbar_wait(xr.empty + 8 * x.slot, x.phase ^ 1u);
+                mbar_expect(xr.full + 8 * x.slot, xr.bytes);
+                tma_load(xr.at + x.slot * xr.bytes, xmap, gi * stage_k + h * kBK,
+                         static_cast<int>(item.m0), xr.full + 8 * x.slot, x_policy);
+                x.next(xr.n);
+            }
+        }
+    }
+}
+
 template <class T, class Src, int BN, int kCtas>
 __global__ void __launch_bounds__(kTThreads, kCtas)
 tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
@@ -1191,35 +1292,12 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // Work items, gridDim.x apart: tiles [0, whole) whole, then (tile, split) of the other
-    // tiles, split-major (`slot`: the tile's place in the workspace). A CTA walks its items
-    // with one ring, the producer running on into the next item while the consumers store
-    // one.
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
-    const int64_t tiles = ((m + BN - 1) / BN) * ((n_out + kGemmRows - 1) / kGemmRows);
-    const int64_t split_tiles = tiles - whole;
-    struct Item {
-        int64_t tile, slot, n0, m0;
-        int split, splits, g_begin, stages;
-    };
-    auto item_of = [&](int64_t it) {
-        Item w;
-        const int64_t j = it - whole;
-        w.slot = j < 0 ? 0 : j % split_tiles;
-        w.tile = j < 0 ? it : whole + w.slot;
-        w.split = j < 0 ? 0 : static_cast<int>(j / split_tiles);
-        w.splits = j < 0 ? 1 : splits;
-        const gemm::TileOrigin origin = gemm::tile_origin(w.tile, m, n_out, BN);
-        w.n0 = origin.n0, w.m0 = origin.m0;
-        w.g_begin = static_cast<int>(groups * w.split / w.splits);
-        w.stages = static_cast<int>(groups * (w.split + 1) / w.splits) - w.g_begin;  // >= 1
-        return w;
-    };
-    const int64_t items = whole + split_tiles * splits;
+    const WorkItems items(m, n_out, groups, BN, whole, splits);
+    const Ring wr{w_at, C::kW, w_full, w_empty, RW}, xr{x_at, C::kX, x_full, x_empty, RX};
 
     if (tid == 0) {
-        for (int i = 0; i < RX; ++i) mbar_init(x_full + 8 * i, 1), mbar_init(x_empty + 8 * i, kThreads90);
-        for (int i = 0; i < RW; ++i) mbar_init(w_full + 8 * i, 1), mbar_init(w_empty + 8 * i, kThreads90);
+        xr.init(kThreads90), wr.init(kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
@@ -1230,35 +1308,11 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     constexpr int kConsumerRegs = kCtas == 1 ? 232 : 96;
     if (warp >= kThreads90 / 32) {  // the producer: W a stage, then x's two halves
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (tid == kThreads90) {
-            // W is read again by the CTAs of the other tiles of x, if any
-            const uint64_t w_policy = m > BN ? evict_last_policy() : evict_first_policy();
-            const uint64_t x_policy = evict_last_policy();
-            const uint32_t w_bytes = src.stage_bytes();
-            // ring positions as the consumers keep them; a slot's n-th refill (n >= 1) waits
-            // for its n-th release, the phase of parity (n - 1) & 1
-            int xs = 0, ws = 0;
-            uint32_t x_phase = 0, w_phase = 0;
-            bool x_refill = false, w_refill = false;
-            for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-                const Item w = item_of(it);
-                for (int q = 0; q < w.stages; ++q) {
-                    const int gi = w.g_begin + q;
-                    if (w_refill) mbar_wait(w_empty + 8 * ws, w_phase ^ 1u);
-                    mbar_expect(w_full + 8 * ws, w_bytes);
-                    src.issue(w_at + ws * C::kW, maps, gi, w.n0, w_full + 8 * ws, w_policy);
-                    if (++ws == RW) ws = 0, w_phase ^= 1u, w_refill = true;
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if (x_refill) mbar_wait(x_empty + 8 * xs, x_phase ^ 1u);
-                        mbar_expect(x_full + 8 * xs, C::kX);
-                        tma_load(x_at + xs * C::kX, maps.x, gi * kStageK + h * kBK,
-                                 static_cast<int>(w.m0), x_full + 8 * xs, x_policy);
-                        if (++xs == RX) xs = 0, x_phase ^= 1u, x_refill = true;
-                    }
-                }
-            }
-        }
+        if (tid == kThreads90)
+            produce<2>(items, wr, xr, src.stage_bytes(), maps.x, kStageK,
+                       [&](uint32_t dst, int gi, int64_t n0, uint32_t bar, uint64_t policy) {
+                           src.issue(dst, maps, gi, n0, bar, policy);
+                       });
         return;
     }
 
@@ -1288,8 +1342,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     int xs = 0, ws = 0;  // ring positions
     uint32_t x_phase = 0, w_phase = 0;
     int64_t hg = 0;  // x halves consumed, all items
-    for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-        const Item item = item_of(it);
+    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
+        const WorkItems::Item item = items[it];
         for (int q = 0; q < item.stages; ++q) {
             const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
             // the g's segments in the slot: their span (4 x 8K bytes) starts on its own
@@ -1342,16 +1396,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         }
         wgmma_wait<0>();
         fence_operands(acc);
-        // a split item's last to arrive stores the sums, in acc
-        if (item.splits > 1 &&
-            !gemm::sum_splits<kAcc, kThreads90>(acc, item.slot, item.split, item.splits, partials,
-                                                counters, ConsumerSync{}))
-            continue;
-        if (staged_y)  // (false where BN < 64)
-            store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
-        else
-            epilogue<T>(acc, item.tile, item.n0, item.m0, m, n_out, out_mul, bias, y, 0, 1, nullptr,
-                        nullptr, ConsumerSync{});
+        store_item<T, BN>(acc, item, m, n_out, out_mul, bias, y, partials, counters, staged_y, staging);
     }
 }
 
@@ -1408,6 +1453,425 @@ cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k
                          : launch(std::integral_constant<int, 64>{}, One{});
     case 128: return launch(std::integral_constant<int, 128>{}, One{});
     case 256: return launch(std::integral_constant<int, 256>{}, One{});
+    }
+    return cudaErrorInvalidValue;
+}
+
+
+// ---- the GGUF GEMM: A decoded from the file's blocks, x as the TMA lays it ---------------
+//
+// GGUF weights from a few dozen rows of x (prefill) on the tiled GEMM's CTA: the producer
+// warpgroup, two consumer warpgroups, rings with full and empty mbarriers, work items and
+// epilogue are those above; W is read as the file stores it. A W stage is 256 elements of
+// k of the CTA's 128 rows (one k-quant super-block, or eight 32-element blocks, a row):
+// one TMA box of the rows' bytes, then the stage's four 64-k halves of x. Lane (g, t) of
+// warp w needs, of each 32-element chunk of rows 16 w + g and + 8, the pairs of elements
+// 16 st + 8 e + 2t, + 1 (st, e = 0, 1): the wgmma's A fragments, so x needs no reordering.
+// In every format those two elements' codes lie in two bytes at an even offset (or in
+// the nibbles or bits of such bytes), which the lane loads as they are (LDS.U16) and
+// spreads to the low bytes of a pair's halves. A pair is then (q - off) a + b for its scale
+// group: a and b in float32 from d, dmin and the sub-block scales (exactly ggml's products);
+// fp16 in packed halves (a and b rounded to fp16, one fma: three roundings, ~1e-3 of W's
+// size), bf16 in float32 and rounded once.
+namespace gg {
+
+constexpr int kStageK = 256;  // elements of k a W stage
+
+// The two bytes at `at` (even) in bytes 0 and 2 of a word.
+__device__ __forceinline__ uint32_t pair_bytes(uint32_t at) {
+    return __byte_perm(static_cast<uint32_t>(lds_u16(at)), 0u, 0x4140u);
+}
+
+// value = (q - kOff) a + b for a pair of codes (bytes 0 and 2 of `codes`), as a pair of T.
+template <class T>
+struct Affine;
+template <>
+struct Affine<F16> {
+    uint32_t a, b;
+    __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
+    template <int kOff, bool kMin>
+    __device__ uint32_t value(uint32_t codes) const {
+        // 0x64 over a byte c is the fp16 1024 + c: minus 1024 + kOff, exact
+        const uint32_t biased = codes | 0x64006400u;
+        const __half2 q = __hadd2(*reinterpret_cast<const __half2 *>(&biased),
+                                  __float2half2_rn(-(1024.0f + kOff)));
+        const __half2 v = kMin ? __hfma2(q, *reinterpret_cast<const __half2 *>(&a),
+                                         *reinterpret_cast<const __half2 *>(&b))
+                               : __hmul2(q, *reinterpret_cast<const __half2 *>(&a));
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
+};
+template <>
+struct Affine<BF16> {
+    float a, b;
+    __device__ static Affine of(float a, float b) { return {a, b}; }
+    template <int kOff, bool kMin>
+    __device__ uint32_t value(uint32_t codes) const {
+        // 0x4B0000c is the float 2^23 + c: minus 2^23 + kOff, exact
+        const float q0 = __uint_as_float(__byte_perm(codes, 0x4B000000u, 0x7440u)) - (8388608.0f + kOff);
+        const float q1 = __uint_as_float(__byte_perm(codes, 0x4B000000u, 0x7442u)) - (8388608.0f + kOff);
+        return pack2(BF16{}, fmaf(q0, a, b), fmaf(q1, a, b));
+    }
+};
+
+__device__ __forceinline__ float half_at(uint32_t at) { return __half2float(__ushort_as_half(lds_u16(at))); }
+
+// A format's decoder: kStageBytes of a row's stage (kBox in shared memory, a row's box
+// padded so that rows g = 0..7 fall in distinct banks), Row (what a row's stage holds for
+// all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h),
+// and chunk(): chunk 2h + u's codes [st][e] and scale groups [st].
+//
+// Q4_0: eight blocks of 18 bytes: fp16 d, then element i < 16 in the low nibble of byte i,
+// i >= 16 in the high one of byte i - 16; value (q - 8) d.
+struct Q4_0G {
+    using Fmt = gguf::Q4_0;
+    static constexpr int kStageBytes = 144, kBox = 144, kOff = 8;
+    static constexpr bool kMin = false;
+    struct Row {};
+    struct Half {
+        uint32_t q[2][2], d[2];  // [u][e]
+    };
+    __device__ static Row row(uint32_t, int) { return {}; }
+    __device__ static Half half(uint32_t at, const Row &, int h, int t) {
+        Half w;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const uint32_t blk = at + 18 * (2 * h + u);
+            w.d[u] = lds_u16(blk);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) w.q[u][e] = pair_bytes(blk + 2 + 8 * e + 2 * t);
+        }
+        return w;
+    }
+    template <class T>
+    __device__ static void chunk(const Row &, const Half &w, int, int u, uint32_t (&c)[2][2],
+                                 Affine<T> (&f)[2]) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            c[0][e] = w.q[u][e] & 0x000F000Fu;
+            c[1][e] = (w.q[u][e] >> 4) & 0x000F000Fu;
+        }
+        f[0] = f[1] = Affine<T>::of(__half2float(__ushort_as_half(static_cast<uint16_t>(w.d[u]))), 0.0f);
+    }
+};
+
+// Q8_0: eight blocks of 34 bytes: fp16 d, then 32 int8 codes (byte ^ 0x80 is q + 128).
+struct Q8_0G {
+    using Fmt = gguf::Q8_0;
+    static constexpr int kStageBytes = 272, kBox = 272, kOff = 128;
+    static constexpr bool kMin = false;
+    struct Row {};
+    struct Half {
+        uint32_t q[2][2][2], d[2];  // [u][st][e]
+    };
+    __device__ static Row row(uint32_t, int) { return {}; }
+    __device__ static Half half(uint32_t at, const Row &, int h, int t) {
+        Half w;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const uint32_t blk = at + 34 * (2 * h + u);
+            w.d[u] = lds_u16(blk);
+#pragma unroll
+            for (int st = 0; st < 2; ++st)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    w.q[u][st][e] = pair_bytes(blk + 2 + 16 * st + 8 * e + 2 * t) ^ 0x00800080u;
+        }
+        return w;
+    }
+    template <class T>
+    __device__ static void chunk(const Row &, const Half &w, int, int u, uint32_t (&c)[2][2],
+                                 Affine<T> (&f)[2]) {
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) c[st][e] = w.q[u][st][e];
+        f[0] = f[1] = Affine<T>::of(__half2float(__ushort_as_half(static_cast<uint16_t>(w.d[u]))), 0.0f);
+    }
+};
+
+// Q4_K / Q5_K: one super-block of 144 / 176 bytes: d, dmin, 12 bytes of 6-bit scales and
+// mins, (Q5_K: qh, 32 bytes: bit s of byte l is element l of sub-block s's fifth bit), qs:
+// sub-block s (chunk s) in the low (even s) or high nibbles of qs[32 (s / 2) ..]; value
+// (d sc) q - (dmin m).
+template <bool kFifthBit>
+struct QK45G {
+    using Fmt = gguf::QK_45<kFifthBit>;
+    static constexpr int kStageBytes = kFifthBit ? 176 : 144, kBox = kStageBytes, kOff = 0;
+    static constexpr int kQs = kFifthBit ? 48 : 16;
+    static constexpr bool kMin = true;
+    struct Row {
+        uint4 h;             // d, dmin, scales[12]
+        uint32_t qh[2][2];   // [st][e] (Q5_K)
+    };
+    struct Half {
+        uint32_t q[2][2];  // [st][e]: low nibbles chunk 2h, high 2h + 1
+    };
+    __device__ static Row row(uint32_t at, int t) {
+        Row r;
+        r.h = lds_u32x4(at);
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                r.qh[st][e] = kFifthBit ? pair_bytes(at + 16 + 16 * st + 8 * e + 2 * t) : 0u;
+        return r;
+    }
+    __device__ static Half half(uint32_t at, const Row &, int h, int t) {
+        Half w;
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) w.q[st][e] = pair_bytes(at + kQs + 32 * h + 16 * st + 8 * e + 2 * t);
+        return w;
+    }
+    template <class T>
+    __device__ static void chunk(const Row &r, const Half &w, int h, int u, uint32_t (&c)[2][2],
+                                 Affine<T> (&f)[2]) {
+        const int s = 2 * h + u;  // sub-block
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                c[st][e] = (u ? w.q[st][e] >> 4 : w.q[st][e]) & 0x000F000Fu;
+                if constexpr (kFifthBit)
+                    c[st][e] |= (s <= 4 ? r.qh[st][e] << (4 - s) : r.qh[st][e] >> (s - 4)) & 0x00100010u;
+            }
+        uint32_t sc, mn;
+        gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
+        const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
+        f[0] = f[1] = Affine<T>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
+                                    -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
+    }
+};
+
+// Q6_K: one super-block of 210 bytes (on 2 bytes: the box starts on the 16 before it, the
+// row's stage `delta` bytes in): ql[128], qh[64], 16 int8 scales (one a 16 elements: a k16
+// step), fp16 d. Chunk c: half hf = c / 4, quadrant r = c % 4: 4 bits of ql[64 hf + 32 (r %
+// 2) + l] (high nibble from r = 2), bits 2r of qh[32 hf + l]; value d sc (q - 32).
+struct Q6_KG {
+    using Fmt = gguf::Q6_K;
+    static constexpr int kStageBytes = 210, kBox = 240, kOff = 32;
+    static constexpr bool kMin = false;
+    struct Row {
+        uint32_t sc[8];  // scale bytes 2i, 2i + 1
+        float d;
+    };
+    struct Half {
+        uint32_t ql[2][2][2], qh[2][2];  // [u][st][e], [st][e]
+    };
+    __device__ static Row row(uint32_t at, int) {
+        Row r;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.sc[i] = lds_u16(at + 192 + 2 * i);
+        r.d = half_at(at + 208);
+        return r;
+    }
+    __device__ static Half half(uint32_t at, const Row &, int h, int t) {
+        Half w;
+        const int hf = h >> 1;
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int l = 16 * st + 8 * e + 2 * t;
+#pragma unroll
+                for (int u = 0; u < 2; ++u) w.ql[u][st][e] = pair_bytes(at + 64 * hf + 32 * u + l);
+                w.qh[st][e] = pair_bytes(at + 128 + 32 * hf + l);
+            }
+        return w;
+    }
+    template <class T>
+    __device__ static void chunk(const Row &r, const Half &w, int h, int u, uint32_t (&c)[2][2],
+                                 Affine<T> (&f)[2]) {
+        const int hf = h >> 1, q = 2 * (h & 1) + u;  // quadrant
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t hi = q <= 2 ? w.qh[st][e] << (4 - 2 * q) : w.qh[st][e] >> (2 * q - 4);
+                c[st][e] = ((w.ql[u][st][e] >> (4 * (h & 1))) & 0x000F000Fu) | (hi & 0x00300030u);
+            }
+            // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
+            f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
+        }
+    }
+};
+
+template <class Fmt>
+struct Of;
+template <> struct Of<gguf::Q4_0> { using type = Q4_0G; };
+template <> struct Of<gguf::Q8_0> { using type = Q8_0G; };
+template <> struct Of<gguf::Q4_K> { using type = QK45G<false>; };
+template <> struct Of<gguf::Q5_K> { using type = QK45G<true>; };
+template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
+
+// Shared memory: [x ring: RX halves of BN rows of 128 bytes][W ring: RW stages of 128 rows
+// of kBox bytes][epilogue staging]; a W stage covers four x halves.
+template <class F, int BN>
+struct Config {
+    static constexpr int kX = BN * kRowBytes;
+    static constexpr int kW = (kGemmRows * F::kBox + 1023) / 1024 * 1024;
+    static constexpr int bytes_for(int x_ring) {
+        return 1024 + x_ring * kX + (x_ring / 4 + 1) * kW + epi_bytes(BN);
+    }
+    static constexpr int ring() {
+        int r = kTMaxXRing;
+        while (r > 4 && bytes_for(r) > kSmem - kStatic) r -= 2;
+        return r;
+    }
+    static constexpr int kXRing = ring(), kWRing = kXRing / 4 + 1;
+    static constexpr bool kBuilt = bytes_for(kXRing) <= kSmem - kStatic;
+    static constexpr int bytes() { return bytes_for(kXRing); }
+};
+
+}  // namespace gg
+
+template <class T, class F, int BN>
+__global__ void __launch_bounds__(kTThreads, 1)
+gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
+                   const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
+                   int splits, float *__restrict__ partials, unsigned *__restrict__ counters,
+                   int64_t whole, const __grid_constant__ StreamMaps maps) {
+    using C = gg::Config<F, BN>;
+    static_assert(C::kBuilt, "the rings fit");
+    constexpr int RX = C::kXRing, RW = C::kWRing;
+    constexpr int kAcc = BN / 2;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+    const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
+    const uint32_t staging = w_at + RW * C::kW;
+    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 4 + 1)];
+    const uint32_t x_full = smem_address(bars), x_empty = x_full + 8 * RX;
+    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const WorkItems items(m, n_out, k_in / gg::kStageK, BN, whole, splits);
+    const Ring wr{w_at, C::kW, w_full, w_empty, RW}, xr{x_at, C::kX, x_full, x_empty, RX};
+    if (tid == 0) {
+        xr.init(kThreads90), wr.init(kThreads90);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= kThreads90 / 32) {  // the producer: W a stage (one box), then x's four halves
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == kThreads90)
+            produce<4>(items, wr, xr, kGemmRows * F::kBox, maps.x, gg::kStageK,
+                       [&](uint32_t dst, int gi, int64_t n0, uint32_t bar, uint64_t policy) {
+                           // the stage's bytes, from the 16 at or before them (4-byte elements)
+                           const int64_t at = int64_t{gi} * F::kStageBytes;
+                           tma_load(dst, maps.w, static_cast<int>((at & ~int64_t{15}) / 4),
+                                    static_cast<int>(n0), bar, policy);
+                       });
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t row_a = pinned(w_at + static_cast<uint32_t>((warp * kTileRows + g) * F::kBox));
+    const bool staged_y =
+        staged_epilogue(BN) && n_out % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+
+    float acc[kAcc];  // (each item's first wgmma overwrites them)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    uint32_t a[2][2][4];  // A fragments of a chunk's two k16 steps, two chunks' buffers
+    RingPos ws, xs;
+    int64_t hg = 0;  // x halves consumed, all items
+    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
+        const WorkItems::Item item = items[it];
+        for (int q = 0; q < item.stages; ++q) {
+            const int64_t gi = item.g_begin + q;
+            const uint32_t ra = row_a + ws.slot * C::kW + mbar_wait(w_full + 8 * ws.slot, ws.phase) +
+                                static_cast<uint32_t>((gi * F::kStageBytes) & 15);
+            const uint32_t rb = ra + 8 * F::kBox;
+            const typename F::Row row_ga = F::row(ra, t), row_gb = F::row(rb, t);
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const typename F::Half wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
+                if (h == 3) mbar_arrive(w_empty + 8 * ws.slot);  // the W slot is read
+                const uint64_t b = descriptor(x_at + xs.slot * C::kX + mbar_wait(x_full + 8 * xs.slot, xs.phase));
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {  // chunk 2h + u
+                    wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
+                    if (u == 1 && hg > 0)  // so are the x half before's chunks
+                        mbar_arrive(x_empty + 8 * (xs.slot > 0 ? xs.slot - 1 : RX - 1));
+                    uint32_t ca[2][2], cb[2][2];
+                    gg::Affine<T> fa[2], fb[2];
+                    F::template chunk<T>(row_ga, wa, h, u, ca, fa);
+                    F::template chunk<T>(row_gb, wb, h, u, cb, fb);
+#pragma unroll
+                    for (int st = 0; st < 2; ++st)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            a[u][st][2 * e] = fa[st].template value<F::kOff, F::kMin>(ca[st][e]);
+                            a[u][st][2 * e + 1] = fb[st].template value<F::kOff, F::kMin>(cb[st][e]);
+                        }
+                    wgmma_fence();
+#pragma unroll
+                    for (int st = 0; st < 2; ++st)
+                        wgmma(typename NTag<BN>::type{}, T{}, acc, a[u][st], b + ((64 * u + 32 * st) >> 4),
+                              q + h + u + st > 0);  // (the item's first: D = A B)
+                    wgmma_commit();
+                }
+                xs.next(RX);
+                ++hg;
+            }
+            ws.next(RW);
+        }
+        wgmma_wait<0>();
+        fence_operands(acc);
+        store_item<T, BN>(acc, item, m, n_out, 1.0f, bias, y, partials, counters, staged_y, staging);
+    }
+}
+
+template <class T, class F, int BN>
+cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t k_in,
+                           int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
+                           void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    using C = gg::Config<F, BN>;
+    StreamMaps maps;
+    const int64_t row_bytes = k_in / gg::kStageK * F::kStageBytes;
+    const cuuint64_t wdims[2] = {static_cast<cuuint64_t>(row_bytes / 4), static_cast<cuuint64_t>(n_out)},
+                     wstrides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t wbox[2] = {F::kBox / 4, kGemmRows};
+    cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, blocks, wdims, wstrides, wbox);
+    if (err != cudaSuccess) return err;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
+    const cuuint32_t box[2] = {kBK, BN};
+    err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box,
+                     CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+    constexpr auto kernel = gguf_gemm90_kernel<T, F, BN>;
+    int sms = 0;
+    if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
+        return err;
+    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
+    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
+    const int64_t items = whole + (plan.tiles - whole) * sp.splits;
+    using St = typename T::storage;
+    cudaGetLastError();
+    kernel<<<static_cast<unsigned>(items < sms ? items : sms), kTThreads, C::bytes(), stream>>>(
+        m, k_in, n_out, static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
+        sp.partials, sp.counters, whole, maps);
+    return launch_error();
+}
+
+template <class T, class F>
+cudaError_t launch_gguf(const void *blocks, const void *x, int64_t m, int64_t k_in, int64_t n_out,
+                        const void *bias, void *y, void *workspace, size_t workspace_bytes,
+                        cudaStream_t stream) {
+    const GemmPlan plan = tiled90_plan(m, k_in, n_out, 1);
+    auto launch = [&](auto bn) {
+        return launch_gguf_bn<T, F, decltype(bn)::value>(blocks, x, m, k_in, n_out, bias, y, plan,
+                                                         workspace, workspace_bytes, stream);
+    };
+    switch (plan.bm) {
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    case 256: return launch(std::integral_constant<int, 256>{});
     }
     return cudaErrorInvalidValue;
 }
@@ -1505,11 +1969,46 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
     return err;
 }
 
+bool gguf_reads(int ggml_type, const void *blocks, int64_t k_in, int64_t n_out) {
+    const int64_t stage_k = ggml_type == gguf::kQ6_K ? 8 * gg::kStageK : gg::kStageK;
+    return aligned(blocks, 16) && k_in % stage_k == 0 && fits_maps(k_in, n_out);
+}
+
+cudaError_t matmul_gguf(int ggml_type, kbit_dtype dtype, const void *blocks, const void *x,
+                        int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
+                        void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    cudaError_t err = cudaErrorInvalidValue;
+    with_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, F32>) {
+            auto run = [&](auto fmt) {
+                using F = typename gg::Of<decltype(fmt)>::type;
+                err = launch_gguf<T, F>(blocks, x, m, k_in, n_out, bias, y, workspace,
+                                        workspace_bytes, stream);
+            };
+            switch (ggml_type) {
+            case gguf::kQ4_0: run(gguf::Q4_0{}); break;
+            case gguf::kQ8_0: run(gguf::Q8_0{}); break;
+            case gguf::kQ4_K: run(gguf::Q4_K{}); break;
+            case gguf::kQ5_K: run(gguf::Q5_K{}); break;
+            case gguf::kQ6_K: run(gguf::Q6_K{}); break;
+            }
+        }
+        return KBIT_SUCCESS;
+    });
+    return err;
+}
+
 #else  // a build without sm_90: the GEMM of gemm.cuh serves every GPU
 
 bool built() { return false; }
 bool streams(const Bnb4Weight &, int64_t, int64_t) { return false; }
 bool streams(const KbitWeight &, int64_t, int64_t) { return false; }
+bool gguf_reads(int, const void *, int64_t, int64_t) { return false; }
+cudaError_t matmul_gguf(int, kbit_dtype, const void *, const void *, int64_t, int64_t, int64_t,
+                        const void *, void *, void *, size_t, cudaStream_t) {
+    return cudaErrorNotSupported;
+}
 cudaError_t matmul(const KbitWeight &, kbit_dtype, const void *, int64_t, int64_t, int64_t,
                    const void *, void *, void *, size_t, cudaStream_t) {
     return cudaErrorNotSupported;

@@ -1315,6 +1315,20 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     return false;
 }
 
+// GGUF from m = kGguf90MinM on sm_90: the GGUF GEMM (gemm_sm90.cu) where it reads the
+// weight; runs the call (err: its launch status) and returns true, or returns false.
+bool run_gguf_sm90(int ggml_type, kbit_dtype dtype, const uint8_t *blocks, const void *x,
+                   int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
+                   void *workspace, size_t workspace_bytes, cudaStream_t stream, cudaError_t &err) {
+    if (m < kGguf90MinM || !sm90::built() || !sm90::gguf_reads(ggml_type, blocks, k_in, n_out))
+        return false;
+    int major = 0;
+    if (compute_major(&major) != cudaSuccess || major != 9) return false;
+    err = sm90::matmul_gguf(ggml_type, dtype, blocks, x, m, k_in, n_out, bias, y, workspace,
+                            workspace_bytes, stream);
+    return true;
+}
+
 kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbit_dtype dtype,
                        int ggml_type, const void *blocks, const void *bias, void *y,
                        void *workspace, size_t workspace_bytes, kbit_stream_t stream) {
@@ -1324,7 +1338,9 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
         if (m == 0 || n_out == 0) return KBIT_SUCCESS;
         const auto *b = static_cast<const uint8_t *>(blocks);
         cudaError_t err = cudaSuccess;
-        if (mma_ok(dtype, x)) {
+        if (mma_ok(dtype, x) && run_gguf_sm90(Fmt::kTypeId, dtype, b, x, m, k_in, n_out, bias, y,
+                                              workspace, workspace_bytes, stream, err)) {
+        } else if (mma_ok(dtype, x)) {
             with_dtype(dtype, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {

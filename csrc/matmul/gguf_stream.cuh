@@ -214,15 +214,9 @@ struct Q8_0Codes {
 };
 
 // Q4_K / Q5_K: the unit is sub-blocks 4 kHalf .. 4 kHalf + 3 of one block. Their 6-bit
-// scales and mins as bytes of two words (scale_min_k4, four at a time).
+// scales and mins as bytes of two words (gguf::scales_mins_k4).
 __device__ __forceinline__ void k4_scales(const uint4 &h, int half, uint32_t &sc, uint32_t &mn) {
-    if (half == 0) {
-        sc = h.y & 0x3F3F3F3Fu;
-        mn = h.z & 0x3F3F3F3Fu;
-    } else {
-        sc = (h.w & gguf::kLow4) | ((h.y >> 2) & 0x30303030u);
-        mn = ((h.w >> 4) & gguf::kLow4) | ((h.z >> 2) & 0x30303030u);
-    }
+    gguf::scales_mins_k4(h.y, h.z, h.w, half, sc, mn);
 }
 
 template <bool kFifthBit>
