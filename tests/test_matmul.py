@@ -538,25 +538,22 @@ def test_gpu_gemm_wide_shapes(rng, family):
 @requires_gpu
 @pytest.mark.parametrize("qtype", GGUF_TYPES)
 def test_gpu_gguf_streamed_gemv(rng, qtype):
-    """GGUF at m = 1..64 on sm_90 through the streamed GEMV (one n8 tile of x to m = 8,
-    two from 9, four from 17; passes of 32 rows from 33), which reads the file's blocks in
-    stages of 2048 elements of k of one row tile, or 512 of four (not Q6_K) where x comes
-    with the stages, four-tile groups fill 90% of the SMs and read fewer bytes (on 132
-    SMs: 8500 rows at m = 16 and 7700 rows of 5120 at m = 8, 133 and 121 groups, the last
-    of four and two tiles, the last tile of 4 rows) or one-tile stages leave no ring (from
-    m = 17: 2200 rows, 35 groups, the last of two tiles), when they lie on 16 bytes and
-    k_in % 256 == 0 (Q6_K: % 2048): a partial last stage (2560; 2304 in four-tile stages),
-    more row tiles than SMs (2200 rows: CTAs with two tiles at m = 8..16), n_out off the
-    16-row tile, every row of x of a pass, x held in shared memory for the whole kernel
-    (8500 rows: three row tiles or more a CTA) or copied with each stage, passes of 32 and
-    18 rows (m = 50; Q6_K, whose stages with 32 rows of x leave no ring, in passes of 16
-    rows to m = 48: 16 + 4, 16 + 16, 16 + 16 + 1); and the direct kernels where the stream cannot read (blocks 2 bytes off 16,
-    k_in off 256 / 2048) and from m = 65 (Q6_K 49); against the reference and the host."""
+    """GGUF at m = 1..16 on sm_90 through the streamed GEMV (one n8 tile of x to m = 8,
+    two from 9; from m = 17, and 16 on weights of 2^25 or more, the GGUF GEMM:
+    test_gpu_gguf_gemm), which reads the file's blocks in stages of 2048 elements of k of
+    one row tile, or 512 of four (not Q6_K) where x comes with the stages, four-tile groups
+    fill 90% of the SMs and read fewer bytes (on 132 SMs: 8500 rows at m = 16 and 7700
+    rows of 5120 at m = 8, 133 and 121 groups, the last of four and two tiles, the last
+    tile of 4 rows), when they lie on 16 bytes and k_in % 256 == 0 (Q6_K: % 2048): a
+    partial last stage (2560), more row tiles than SMs (2200 rows: CTAs with two tiles at
+    m = 8..16), n_out off the 16-row tile, x held in shared memory for the whole kernel
+    (8500 rows: three row tiles or more a CTA) or copied with each stage; the direct
+    kernels where the stream cannot read (blocks 2 bytes off 16, k_in off 256 / 2048);
+    against the reference and the host."""
     import torch
     big = 2048 if qtype == "Q6_K" else 2560
-    cases = ((131, big, (1, 3, 12, 65)), (2200, 2048, (8, 16)), (40, 4096, (2, 5, 7, 9)),
+    cases = ((131, big, (1, 3, 12)), (2200, 2048, (8, 16)), (40, 4096, (2, 5, 7, 9)),
              (8500, 2048, (1, 4, 16)), (7700, 5120 if qtype != "Q6_K" else 6144, (8,)),
-             (2200, 2048 if qtype == "Q6_K" else 2304, (20, 32, 33, 50)),
              (33, 1024 if qtype == "Q6_K" else 288 if qtype in ("Q4_0", "Q8_0") else 256,
               (4, 10)))
     for i, (n_out, k_in, ms) in enumerate(cases):
@@ -579,18 +576,21 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
 @requires_gpu
 @pytest.mark.parametrize("qtype", GGUF_TYPES)
 def test_gpu_gguf_gemm(rng, qtype):
-    """GGUF from m = 65 on sm_90 through the GGUF GEMM, which reads the file's blocks in
+    """GGUF from m = 17 on sm_90 through the GGUF GEMM, which reads the file's blocks in
     stages of 256 elements of k of 128 rows (Q6_K's 210-byte blocks at every even offset
     from a 16-byte boundary) when they lie on 16 bytes and k_in % 256 == 0 (Q6_K: % 2048):
     128 and 256 rows of x a CTA, partial tiles of rows of W and of x, few tiles (k split
     through kbit.matmul's workspace, splits of uneven stage counts), more tiles than SMs,
-    fp16 and bf16 x, bias; the blocks 2 bytes off 16 (the direct kernel); and through the
-    C entry with the workspace NULL and given (left zeroed); against the reference and the
-    host."""
+    fp16 and bf16 x, bias; from m = 17 (16 on weights of 2^25: 1024 x 32768) with 16, 32
+    and 64 rows of x a CTA, n_out off the 16-row tile; the blocks 2 bytes
+    off 16 (the direct kernel); and through the C entry with the workspace NULL and given
+    (left zeroed); against the reference and the host."""
     import torch
     k_small = 2048 if qtype == "Q6_K" else 768
     cases = ((131, 2048, (65, 100, 257)), (300, 4096, (129,)), (40, k_small, (70, 300)),
-             (8500, 2048 if qtype == "Q6_K" else 512, (300,)))
+             (8500, 2048 if qtype == "Q6_K" else 512, (300,)),
+             (2200, 2048 if qtype == "Q6_K" else 2304, (17, 20, 32, 33, 50)),
+             (1024, 32768, (15, 16)), (33, 2048, (24, 64)))
     for i, (n_out, k_in, ms) in enumerate(cases):
         w, w64 = gpu_case(rng, qtype, n_out, k_in)
         for m in ms:

@@ -107,10 +107,9 @@ def test_gguf_streamed(rng, qtype, m):
 
 @pytest.mark.parametrize("m", [20, 40])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q5_K"])
-def test_gguf_streamed_groups(rng, qtype, m):
-    """The streamed GGUF GEMV in stages of four row tiles (x copied with each stage and
-    large next to a tile: 2200 rows, 35 groups, the last of two tiles; 2304 elements of k,
-    a partial last stage) with four n8 tiles of x (m = 20), and two passes (m = 40)."""
+def test_gguf_gemm_small_m(rng, qtype, m):
+    """The GGUF GEMM at 32 rows of x a CTA (m = 20) and 64 (m = 40):
+    2200 rows (the last CTA's 24), 2304 elements of k (nine stages)."""
     from test_matmul import gguf_blocks
     raw = gguf_blocks(rng, qtype, 2200, 2304)
     shape, tid = (2200, 2304), kg.GGML_TYPES[qtype]

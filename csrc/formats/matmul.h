@@ -253,12 +253,17 @@ inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
     return split_last(p, kTiled90Room, tail);
 }
 
-// GGUF weights from m = kGguf90MinM on Hopper: the GGUF GEMM (gemm_sm90.cu) on the tiled
-// GEMM's plan; below, the streamed GGUF GEMV in passes (gemv.cu).
-#ifndef KBIT_GGUF90_MIN_M
-#define KBIT_GGUF90_MIN_M 65
-#endif
-constexpr int64_t kGguf90MinM = KBIT_GGUF90_MIN_M;
+// GGUF weights on Hopper: the GGUF GEMM (gemm_sm90.cu, on the tiled GEMM's plan) from m =
+// 17, and from 16 on weights of kStream90MinWeights or more; below, the streamed GGUF GEMV.
+// Measured against the GEMV (in passes of 32 rows from m = 33; H100, bench/RESULTS.md
+// session 15): at m = 9 the GEMV as fast or faster (4096x4096 Q4_K 13.5 against 18.2 us,
+// 8192x28672 Q8_0 111 against 120); at m = 16 the GEMM faster on the four large shapes
+// (8192x28672 Q4_K 80.5 against 94.5, Q6_K 112 against 135; Q8_0 within 4%) but slower on
+// 4096x4096 (18.3 against 16.5); from m = 24 the GEMM faster on every shape and format, up
+// to 5.5x at m = 64 (Q6_K, whose stream took the direct GEMM from m = 49).
+inline int64_t gguf90_min_m(int64_t n_out, int64_t k_in) {
+    return n_out * k_in >= kStream90MinWeights ? 16 : 17;
+}
 
 // kbit_matmul_workspace_bytes: enough for any GEMM (the device picks one at the call).
 inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {

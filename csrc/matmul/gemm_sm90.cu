@@ -26,7 +26,8 @@
 // wgmma's A operand; and the tiled GEMM (tiled_gemm90_kernel), which serves tiled kbit
 // weights (kbit.matmul's, NF4 / FP4 ones once tiled) at every m from 9: the same decode,
 // its codes gathered in the wgmma's order of k, so that x goes from the TMA to the
-// tensor cores untouched.
+// tensor cores untouched. Last, the GGUF GEMM (gguf_gemm90_kernel): the tiled GEMM's CTA
+// reading GGUF blocks as the file stores them, from a few rows of x to prefill.
 #include "gemm_sm90.h"
 
 #include "decoders.cuh"
@@ -1518,14 +1519,15 @@ __device__ __forceinline__ float half_at(uint32_t at) { return __half2float(__us
 
 // A format's decoder: kStageBytes of a row's stage (kBox in shared memory, a row's box
 // padded so that rows g = 0..7 fall in distinct banks), Row (what a row's stage holds for
-// all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h),
-// and chunk(): chunk 2h + u's codes [st][e] and scale groups [st].
+// all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
+// loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
+// 2h + u's codes [st][e] and scale groups [st].
 //
 // Q4_0: eight blocks of 18 bytes: fp16 d, then element i < 16 in the low nibble of byte i,
 // i >= 16 in the high one of byte i - 16; value (q - 8) d.
 struct Q4_0G {
     using Fmt = gguf::Q4_0;
-    static constexpr int kStageBytes = 144, kBox = 144, kOff = 8;
+    static constexpr int kStageBytes = 144, kBox = 144, kSpan = 1, kOff = 8;
     static constexpr bool kMin = false;
     struct Row {};
     struct Half {
@@ -1558,7 +1560,7 @@ struct Q4_0G {
 // Q8_0: eight blocks of 34 bytes: fp16 d, then 32 int8 codes (byte ^ 0x80 is q + 128).
 struct Q8_0G {
     using Fmt = gguf::Q8_0;
-    static constexpr int kStageBytes = 272, kBox = 272, kOff = 128;
+    static constexpr int kStageBytes = 272, kBox = 272, kSpan = 1, kOff = 128;
     static constexpr bool kMin = false;
     struct Row {};
     struct Half {
@@ -1597,7 +1599,7 @@ struct Q8_0G {
 template <bool kFifthBit>
 struct QK45G {
     using Fmt = gguf::QK_45<kFifthBit>;
-    static constexpr int kStageBytes = kFifthBit ? 176 : 144, kBox = kStageBytes, kOff = 0;
+    static constexpr int kStageBytes = kFifthBit ? 176 : 144, kBox = kStageBytes, kSpan = 1, kOff = 0;
     static constexpr int kQs = kFifthBit ? 48 : 16;
     static constexpr bool kMin = true;
     struct Row {
@@ -1651,14 +1653,14 @@ struct QK45G {
 // 2) + l] (high nibble from r = 2), bits 2r of qh[32 hf + l]; value d sc (q - 32).
 struct Q6_KG {
     using Fmt = gguf::Q6_K;
-    static constexpr int kStageBytes = 210, kBox = 240, kOff = 32;
+    static constexpr int kStageBytes = 210, kBox = 240, kSpan = 2, kOff = 32;
     static constexpr bool kMin = false;
     struct Row {
         uint32_t sc[8];  // scale bytes 2i, 2i + 1
         float d;
     };
     struct Half {
-        uint32_t ql[2][2][2], qh[2][2];  // [u][st][e], [st][e]
+        uint32_t ql[2][2][2], qh[2][2];  // [u][st][e], [st][e]: x halves 2 hf, 2 hf + 1
     };
     __device__ static Row row(uint32_t at, int) {
         Row r;
@@ -1715,13 +1717,14 @@ struct Config {
     static constexpr int bytes_for(int x_ring) {
         return 1024 + x_ring * kX + (x_ring / 4 + 1) * kW + epi_bytes(BN);
     }
+    static constexpr int kBudget = kSmem - kStatic;
     static constexpr int ring() {
         int r = kTMaxXRing;
-        while (r > 4 && bytes_for(r) > kSmem - kStatic) r -= 2;
+        while (r > 4 && bytes_for(r) > kBudget) r -= 2;
         return r;
     }
     static constexpr int kXRing = ring(), kWRing = kXRing / 4 + 1;
-    static constexpr bool kBuilt = bytes_for(kXRing) <= kSmem - kStatic;
+    static constexpr bool kBuilt = bytes_for(kXRing) <= kBudget;
     static constexpr int bytes() { return bytes_for(kXRing); }
 };
 
@@ -1787,9 +1790,10 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                                 static_cast<uint32_t>((gi * F::kStageBytes) & 15);
             const uint32_t rb = ra + 8 * F::kBox;
             const typename F::Row row_ga = F::row(ra, t), row_gb = F::row(rb, t);
+            typename F::Half wa, wb;
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
-                const typename F::Half wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
+                if (h % F::kSpan == 0) wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
                 if (h == 3) mbar_arrive(w_empty + 8 * ws.slot);  // the W slot is read
                 const uint64_t b = descriptor(x_at + xs.slot * C::kX + mbar_wait(x_full + 8 * xs.slot, xs.phase));
 #pragma unroll
@@ -1863,12 +1867,16 @@ template <class T, class F>
 cudaError_t launch_gguf(const void *blocks, const void *x, int64_t m, int64_t k_in, int64_t n_out,
                         const void *bias, void *y, void *workspace, size_t workspace_bytes,
                         cudaStream_t stream) {
+    // the tiled GEMM's plan at one CTA an SM (two, as the tiled GEMM takes at 16..32 rows
+    // of x, measured 5-25% slower: bench/RESULTS.md, session 15)
     const GemmPlan plan = tiled90_plan(m, k_in, n_out, 1);
     auto launch = [&](auto bn) {
         return launch_gguf_bn<T, F, decltype(bn)::value>(blocks, x, m, k_in, n_out, bias, y, plan,
                                                          workspace, workspace_bytes, stream);
     };
     switch (plan.bm) {
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
     case 64: return launch(std::integral_constant<int, 64>{});
     case 128: return launch(std::integral_constant<int, 128>{});
     case 256: return launch(std::integral_constant<int, 256>{});

@@ -26,10 +26,11 @@
 //   run of row tiles as one contiguous range through a ring of shared-memory stages that
 //   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
 //   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
-// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 64 in passes of 32, Q6_K 48 in 16): the
-//   tiled streamed kernel's ring over the file's blocks (a TMA box of 16 rows a stage and
-//   row tile, one or four tiles a stage), integer codes turned into exact fp16/bf16 pairs
-//   by byte permutes, scales on the fp32 sums.
+// - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16 below gguf90_min_m): the tiled
+//   streamed kernel's ring over the file's blocks (a TMA box of 16 rows a stage and row
+//   tile, one or four tiles a stage), integer codes turned into exact fp16/bf16 pairs by
+//   byte permutes, scales on the fp32 sums; from gguf90_min_m the GGUF GEMM of
+//   gemm_sm90.cu.
 // - Direct (GGUF otherwise): each lane decodes its 8 elements with the format's own group
 //   decoder (csrc/formats/gguf.h), whose values carry their scales, and packs them into pairs.
 //
@@ -1244,22 +1245,6 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
-// GGUF on sm_90 takes the streamed kernel below to gguf_stream_max_m rows of x, in passes
-// of gguf_pass_m (four n8 tiles; two for Q6_K, whose 2048-element stages with 32 rows of
-// x leave no ring of two), each reading W again. Measured against the direct GEMM
-// (bench/RESULTS.md, session 14): two 32-row passes 1.3-2.5x faster on the five Llama
-// shapes but Q4_0 / Q8_0 on 4096x14336 (3-10% slower); three and four up to 1.6x slower on
-// 4096-row weights and for Q4_0 / Q8_0; Q6_K in three 16-row passes (its m = 16 time
-// three times) under the direct GEMM's on every shape.
-template <class Fmt>
-constexpr int64_t gguf_pass_m() {
-    return gguf_stream::groups_ok<Fmt, 4>() ? 4 * kMaxM : 2 * kMaxM;
-}
-template <class Fmt>
-constexpr int64_t gguf_stream_max_m() {
-    return gguf_stream::groups_ok<Fmt, 4>() ? 2 * gguf_pass_m<Fmt>() : 3 * gguf_pass_m<Fmt>();
-}
-
 // GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
 // weight and a ring of two stages fits, its stages of kR row tiles (stage_tiles); runs it
 // (err: its launch status) and returns true, or returns false for the direct kernels.
@@ -1315,12 +1300,13 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     return false;
 }
 
-// GGUF from m = kGguf90MinM on sm_90: the GGUF GEMM (gemm_sm90.cu) where it reads the
+// GGUF from m = gguf90_min_m on sm_90: the GGUF GEMM (gemm_sm90.cu) where it reads the
 // weight; runs the call (err: its launch status) and returns true, or returns false.
 bool run_gguf_sm90(int ggml_type, kbit_dtype dtype, const uint8_t *blocks, const void *x,
                    int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
                    void *workspace, size_t workspace_bytes, cudaStream_t stream, cudaError_t &err) {
-    if (m < kGguf90MinM || !sm90::built() || !sm90::gguf_reads(ggml_type, blocks, k_in, n_out))
+    if (m < gguf90_min_m(n_out, k_in) || !sm90::built() ||
+        !sm90::gguf_reads(ggml_type, blocks, k_in, n_out))
         return false;
     int major = 0;
     if (compute_major(&major) != cudaSuccess || major != 9) return false;
@@ -1344,42 +1330,23 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
             with_dtype(dtype, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
+                    // the streamed GEMV to 16 rows of x (one or two n8 tiles on one decode),
+                    // below the GGUF GEMM's rows (run_gguf_sm90); else, or where the stream
+                    // cannot read W, the direct kernels: the GEMV to 8 rows, the GEMM from 9
+                    const bool streamed =
+                        m <= kMaxM ? launch_gguf_stream<T, Fmt, 1>(b, x, m, k_in, n_out, bias, y,
+                                                                    stream, err)
+                        : m <= 2 * kMaxM
+                            ? launch_gguf_stream<T, Fmt, 2>(b, x, m, k_in, n_out, bias, y, stream, err)
+                            : false;
                     const FloatDirect<T, Fmt> dec{b};
-                    using S = typename T::storage;
-                    // the streamed GEMV over rows [m0, m0 + rows) of x (one, two or four n8
-                    // tiles on one decode)
-                    constexpr int64_t kPass = gguf_pass_m<Fmt>();
-                    auto pass = [&](int64_t m0, int64_t rows) {
-                        const S *xp = static_cast<const S *>(x) + m0 * k_in;
-                        S *yp = static_cast<S *>(y) + m0 * n_out;
-                        if (rows <= kMaxM)
-                            return launch_gguf_stream<T, Fmt, 1>(b, xp, rows, k_in, n_out, bias, yp,
-                                                                 stream, err);
-                        if (rows <= 2 * kMaxM)
-                            return launch_gguf_stream<T, Fmt, 2>(b, xp, rows, k_in, n_out, bias, yp,
-                                                                 stream, err);
-                        if constexpr (kPass > 2 * kMaxM)
-                            return launch_gguf_stream<T, Fmt, 4>(b, xp, rows, k_in, n_out, bias, yp,
-                                                                 stream, err);
-                        return false;
-                    };
-                    // to gguf_stream_max_m rows of x, passes over the stream (W read once a
-                    // pass); the rows from m0 that no pass took (all past gguf_stream_max_m,
-                    // or where the stream cannot read W) the direct kernels: the GEMV to 8
-                    // rows, the GEMM from 9
-                    int64_t m0 = 0;
-                    while (m <= gguf_stream_max_m<Fmt>() && m0 < m &&
-                           pass(m0, m - m0 < kPass ? m - m0 : kPass) && err == cudaSuccess)
-                        m0 += kPass;
-                    const int64_t rest = m - m0;
-                    if (rest > 0 && err == cudaSuccess) {
-                        const S *xr = static_cast<const S *>(x) + m0 * k_in;
-                        S *yr = static_cast<S *>(y) + m0 * n_out;
-                        err = rest >= kGemmMinM
-                                  ? gemm::launch_direct<T>(dec, xr, rest, k_in, n_out, bias, yr,
-                                                           workspace, workspace_bytes, stream)
-                                  : launch_direct<T>(dec, xr, rest, k_in, n_out, bias, yr, stream);
-                    }
+                    if (streamed)
+                        return KBIT_SUCCESS;
+                    if (m >= kGemmMinM)
+                        err = gemm::launch_direct<T>(dec, x, m, k_in, n_out, bias, y, workspace,
+                                                     workspace_bytes, stream);
+                    else
+                        err = launch_direct<T>(dec, x, m, k_in, n_out, bias, y, stream);
                 }
                 return KBIT_SUCCESS;
             });

@@ -429,7 +429,7 @@ constexpr bool groups_ok() {
 
 // The stage kR (1 or 4) a launch takes, x_bytes being x's bytes a tile group copies (0
 // when x is held for the whole kernel): 4 where a one-tile stage leaves no ring of two
-// (one_fits false: 17..32 rows of x), else where four-tile groups still fill 90% of the
+// (one_fits false: x's rows too many for it), else where four-tile groups still fill 90% of the
 // SMs and their fullest CTA reads fewer bytes, W's tiles and x once a group. (Measured,
 // bench/RESULTS.md session 14: where four-tile groups leave SMs idle, 256-tile weights at
 // m = 16, their CTAs' decode is the bound, not the bytes.)
@@ -506,8 +506,8 @@ __device__ __forceinline__ void store_stream_group(Sums<NT> &acc, int64_t tile0,
     consumers_sync();  // the partial sums are read before the next group's
 }
 
-// NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2,
-// m = 17..32: NT = 4); stages of kR row tiles (a tile group; gguf_stream::Stage).
+// NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2;
+// from 16 or 17 rows the GGUF GEMM of gemm_sm90.cu); stages of kR row tiles (a tile group; gguf_stream::Stage).
 template <class T, class Fmt, int NT, int kR>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
