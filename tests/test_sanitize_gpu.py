@@ -89,20 +89,25 @@ def test_gguf(rng, qtype):
     assert np.allclose(_cpu(y), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
 
 
+def _gguf_matmul(rng, qtype, n_out, k_in, m):
+    """kbit.matmul of fp16 x and GGUF blocks on the GPU against the CPU's dequantized W."""
+    from test_matmul import gguf_blocks  # scales that keep fp16 x and y in range
+    raw = gguf_blocks(rng, qtype, n_out, k_in)
+    shape, tid = (n_out, k_in), kg.GGML_TYPES[qtype]
+    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
+    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
+    a = _torch().randn(m, k_in, device="cuda", dtype=_torch().float16)
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("m", [3, 13])
 @pytest.mark.parametrize("qtype", list(kg.GGML_TYPES))
 def test_gguf_streamed(rng, qtype, m):
     """The streamed GGUF GEMV (sm_90, fp16 x, m <= 16): 20 rows (a partial tile), 2048
     elements of k (one stage), one n8 tile of x (m = 3) and two (13)."""
-    from test_matmul import gguf_blocks  # scales that keep fp16 x and y in range
-    raw = gguf_blocks(rng, qtype, 20, 2048)
-    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), kg.GGML_TYPES[qtype], (20, 2048))
-    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), kg.GGML_TYPES[qtype], (20, 2048)),
-                         dtype="float32")
-    a = _torch().randn(m, 2048, device="cuda", dtype=_torch().float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    _gguf_matmul(rng, qtype, 20, 2048, m)
 
 
 @pytest.mark.parametrize("m", [20, 40])
@@ -110,45 +115,21 @@ def test_gguf_streamed(rng, qtype, m):
 def test_gguf_gemm_small_m(rng, qtype, m):
     """The GGUF GEMM at 32 rows of x a CTA (m = 20) and 64 (m = 40):
     2200 rows (the last CTA's 24), 2304 elements of k (nine stages)."""
-    from test_matmul import gguf_blocks
-    raw = gguf_blocks(rng, qtype, 2200, 2304)
-    shape, tid = (2200, 2304), kg.GGML_TYPES[qtype]
-    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
-    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
-    a = _torch().randn(m, 2304, device="cuda", dtype=_torch().float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    _gguf_matmul(rng, qtype, 2200, 2304, m)
 
 
 @pytest.mark.parametrize("qtype", list(kg.GGML_TYPES))
 def test_gguf_gemm(rng, qtype):
-    """The GGUF GEMM (sm_90, m >= 65): 131 rows (two CTAs of 128, the second 3 rows),
-    2048 elements of k (eight stages; Q6_K's blocks at every even offset of a box), m = 70
-    (a partial tile of 128 rows of x), split k through kbit.matmul's workspace."""
-    from test_matmul import gguf_blocks
-    raw = gguf_blocks(rng, qtype, 131, 2048)
-    shape, tid = (131, 2048), kg.GGML_TYPES[qtype]
-    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
-    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
-    a = _torch().randn(70, 2048, device="cuda", dtype=_torch().float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    """The GGUF GEMM (sm_90) at 128 rows of x a CTA: 131 rows (two CTAs of 128, the
+    second 3 rows), 2048 elements of k (eight stages; Q6_K's blocks at every even offset
+    of a box), m = 70 (a partial tile of x), split k through kbit.matmul's workspace."""
+    _gguf_matmul(rng, qtype, 131, 2048, 70)
 
 
 def test_gguf_streamed_groups_gemv(rng):
     """Four-tile stages with one n8 tile of x (7700 x 5120 at m = 8: x too large to hold
     for the whole kernel, 121 groups, the last of two tiles)."""
-    from test_matmul import gguf_blocks
-    raw = gguf_blocks(rng, "Q4_K", 7700, 5120)
-    shape, tid = (7700, 5120), kg.GGML_TYPES["Q4_K"]
-    t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
-    want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
-    a = _torch().randn(8, 5120, device="cuda", dtype=_torch().float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    _gguf_matmul(rng, "Q4_K", 7700, 5120, 8)
 
 
 @pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])

@@ -1483,7 +1483,27 @@ __device__ __forceinline__ uint32_t pair_bytes(uint32_t at) {
     return __byte_perm(static_cast<uint32_t>(lds_u16(at)), 0u, 0x4140u);
 }
 
-// value = (q - kOff) a + b for a pair of codes (bytes 0 and 2 of `codes`), as a pair of T.
+// Codes c of a pair (bytes 0 and 2) under fp16's exponent byte of 1024 (bytes 1 and 3:
+// 0x64), the words a format's chunk() gives: for fp16 the exact pair 1024 + c, for bf16
+// bytes 0 and 2 as they are. One LOP3 each: (v & mask) | 0x64006400, (v ^ flip) |
+// 0x64006400, and c | (v & mask) (a code's high bits).
+template <int kLut>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+    return r;
+}
+__device__ __forceinline__ uint32_t biased(uint32_t v, uint32_t mask) {
+    return lop3<0xEA>(v, mask, 0x64006400u);  // (a & b) | c
+}
+__device__ __forceinline__ uint32_t biased_xor(uint32_t v, uint32_t flip) {
+    return lop3<0xBE>(v, flip, 0x64006400u);  // (a ^ b) | c
+}
+__device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t mask) {
+    return lop3<0xF8>(c, v, mask);  // a | (b & c)
+}
+
+// value = (q - kOff) a + b for a pair of codes (biased words, above), as a pair of T.
 template <class T>
 struct Affine;
 template <>
@@ -1492,9 +1512,8 @@ struct Affine<F16> {
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
-        // 0x64 over a byte c is the fp16 1024 + c: minus 1024 + kOff, exact
-        const uint32_t biased = codes | 0x64006400u;
-        const __half2 q = __hadd2(*reinterpret_cast<const __half2 *>(&biased),
+        // 1024 + c minus 1024 + kOff, exact
+        const __half2 q = __hadd2(*reinterpret_cast<const __half2 *>(&codes),
                                   __float2half2_rn(-(1024.0f + kOff)));
         const __half2 v = kMin ? __hfma2(q, *reinterpret_cast<const __half2 *>(&a),
                                          *reinterpret_cast<const __half2 *>(&b))
@@ -1523,44 +1542,14 @@ __device__ __forceinline__ float half_at(uint32_t at) { return __half2float(__us
 // loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
 // 2h + u's codes [st][e] and scale groups [st].
 //
-// Q4_0: eight blocks of 18 bytes: fp16 d, then element i < 16 in the low nibble of byte i,
-// i >= 16 in the high one of byte i - 16; value (q - 8) d.
-struct Q4_0G {
-    using Fmt = gguf::Q4_0;
-    static constexpr int kStageBytes = 144, kBox = 144, kSpan = 1, kOff = 8;
-    static constexpr bool kMin = false;
-    struct Row {};
-    struct Half {
-        uint32_t q[2][2], d[2];  // [u][e]
-    };
-    __device__ static Row row(uint32_t, int) { return {}; }
-    __device__ static Half half(uint32_t at, const Row &, int h, int t) {
-        Half w;
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const uint32_t blk = at + 18 * (2 * h + u);
-            w.d[u] = lds_u16(blk);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) w.q[u][e] = pair_bytes(blk + 2 + 8 * e + 2 * t);
-        }
-        return w;
-    }
-    template <class T>
-    __device__ static void chunk(const Row &, const Half &w, int, int u, uint32_t (&c)[2][2],
-                                 Affine<T> (&f)[2]) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            c[0][e] = w.q[u][e] & 0x000F000Fu;
-            c[1][e] = (w.q[u][e] >> 4) & 0x000F000Fu;
-        }
-        f[0] = f[1] = Affine<T>::of(__half2float(__ushort_as_half(static_cast<uint16_t>(w.d[u]))), 0.0f);
-    }
-};
-
-// Q8_0: eight blocks of 34 bytes: fp16 d, then 32 int8 codes (byte ^ 0x80 is q + 128).
-struct Q8_0G {
-    using Fmt = gguf::Q8_0;
-    static constexpr int kStageBytes = 272, kBox = 272, kSpan = 1, kOff = 128;
+// Q4_0 and Q8_0: eight 32-element blocks of an fp16 d and codes; Codes::load(q, t, c)
+// gives the lane's code words [st][e] of the block whose codes start at q; value
+// (q - kOff) d.
+template <class Codes>
+struct Block32G {
+    using Fmt = typename Codes::Fmt;
+    static constexpr int kStageBytes = 8 * Fmt::kBytes, kBox = kStageBytes, kSpan = 1;
+    static constexpr int kOff = Codes::kOff;
     static constexpr bool kMin = false;
     struct Row {};
     struct Half {
@@ -1571,13 +1560,9 @@ struct Q8_0G {
         Half w;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            const uint32_t blk = at + 34 * (2 * h + u);
+            const uint32_t blk = at + Fmt::kBytes * (2 * h + u);
             w.d[u] = lds_u16(blk);
-#pragma unroll
-            for (int st = 0; st < 2; ++st)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    w.q[u][st][e] = pair_bytes(blk + 2 + 16 * st + 8 * e + 2 * t) ^ 0x00800080u;
+            Codes::load(blk + 2, t, w.q[u]);
         }
         return w;
     }
@@ -1591,6 +1576,34 @@ struct Q8_0G {
         f[0] = f[1] = Affine<T>::of(__half2float(__ushort_as_half(static_cast<uint16_t>(w.d[u]))), 0.0f);
     }
 };
+
+// Q4_0: element i < 16 in the low nibble of code byte i, i >= 16 in the high one of byte
+// i - 16; offset 8.
+struct Q4_0Codes {
+    using Fmt = gguf::Q4_0;
+    static constexpr int kOff = 8;
+    __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t v = pair_bytes(q + 8 * e + 2 * t);
+            c[0][e] = biased(v, 0x000F000Fu);
+            c[1][e] = biased(v >> 4, 0x000F000Fu);
+        }
+    }
+};
+// Q8_0: int8 codes (byte ^ 0x80 is q + 128).
+struct Q8_0Codes {
+    using Fmt = gguf::Q8_0;
+    static constexpr int kOff = 128;
+    __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) c[st][e] = biased_xor(pair_bytes(q + 16 * st + 8 * e + 2 * t), 0x00800080u);
+    }
+};
+using Q4_0G = Block32G<Q4_0Codes>;
+using Q8_0G = Block32G<Q8_0Codes>;
 
 // Q4_K / Q5_K: one super-block of 144 / 176 bytes: d, dmin, 12 bytes of 6-bit scales and
 // mins, (Q5_K: qh, 32 bytes: bit s of byte l is element l of sub-block s's fifth bit), qs:
@@ -1635,9 +1648,10 @@ struct QK45G {
         for (int st = 0; st < 2; ++st)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                c[st][e] = (u ? w.q[st][e] >> 4 : w.q[st][e]) & 0x000F000Fu;
+                c[st][e] = biased(u ? w.q[st][e] >> 4 : w.q[st][e], 0x000F000Fu);
                 if constexpr (kFifthBit)
-                    c[st][e] |= (s <= 4 ? r.qh[st][e] << (4 - s) : r.qh[st][e] >> (s - 4)) & 0x00100010u;
+                    c[st][e] = with_bits(c[st][e], s <= 4 ? r.qh[st][e] << (4 - s) : r.qh[st][e] >> (s - 4),
+                                         0x00100010u);
             }
         uint32_t sc, mn;
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
@@ -1692,7 +1706,7 @@ struct Q6_KG {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const uint32_t hi = q <= 2 ? w.qh[st][e] << (4 - 2 * q) : w.qh[st][e] >> (2 * q - 4);
-                c[st][e] = ((w.ql[u][st][e] >> (4 * (h & 1))) & 0x000F000Fu) | (hi & 0x00300030u);
+                c[st][e] = with_bits(biased(w.ql[u][st][e] >> (4 * (h & 1)), 0x000F000Fu), hi, 0x00300030u);
             }
             // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
             f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
