@@ -1510,6 +1510,16 @@ template <>
 struct Affine<F16> {
     uint32_t a, b;
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
+    // a = d (fp16 bits), b = 0
+    __device__ static Affine of_half(uint32_t d) { return {__byte_perm(d, 0u, 0x1010u), 0u}; }
+    // (a, b) = (s d, m e) for the small integers s, m in bytes 0 and 2 of `sm` (biased) and
+    // the fp16 pair (d, e): each product rounded once, as `of` rounds the float32 ones
+    __device__ static Affine of_products(uint32_t sm, uint32_t de) {
+        const __half2 v = __hmul2(__hadd2(*reinterpret_cast<const __half2 *>(&sm), __float2half2_rn(-1024.0f)),
+                                  *reinterpret_cast<const __half2 *>(&de));
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(&v);
+        return {__byte_perm(w, 0u, 0x1010u), __byte_perm(w, 0u, 0x3232u)};
+    }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
         // 1024 + c minus 1024 + kOff, exact
@@ -1525,6 +1535,9 @@ template <>
 struct Affine<BF16> {
     float a, b;
     __device__ static Affine of(float a, float b) { return {a, b}; }
+    __device__ static Affine of_half(uint32_t d) {
+        return {__half2float(__ushort_as_half(static_cast<uint16_t>(d))), 0.0f};
+    }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
         // 0x4B0000c is the float 2^23 + c: minus 2^23 + kOff, exact
@@ -1573,7 +1586,7 @@ struct Block32G {
         for (int st = 0; st < 2; ++st)
 #pragma unroll
             for (int e = 0; e < 2; ++e) c[st][e] = w.q[u][st][e];
-        f[0] = f[1] = Affine<T>::of(__half2float(__ushort_as_half(static_cast<uint16_t>(w.d[u]))), 0.0f);
+        f[0] = f[1] = Affine<T>::of_half(w.d[u]);
     }
 };
 
@@ -1655,9 +1668,15 @@ struct QK45G {
             }
         uint32_t sc, mn;
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
-        const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
-        f[0] = f[1] = Affine<T>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
-                                    -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
+        if constexpr (std::is_same_v<T, F16>) {  // (sc, mn) times (d, -dmin) in one HMUL2
+            const uint32_t j = s & 3;
+            f[0] = f[1] = Affine<T>::of_products(biased(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
+                                                 r.h.x ^ 0x80000000u);
+        } else {
+            const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
+            f[0] = f[1] = Affine<T>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
+                                        -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
+        }
     }
 };
 
