@@ -1401,6 +1401,16 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     }
 }
 
+// The map of x that the persistent GEMMs' producers read: 64-k halves of bn rows, in the
+// wgmma's 128-byte-swizzled layout.
+cudaError_t x_halves_map(CUtensorMap *map, const void *x, int64_t m, int64_t k_in, int bn) {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
+    const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(bn)};
+    return tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box,
+                      CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 template <class T, int K, int BN, int kCtas>
 cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
@@ -1411,12 +1421,7 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
     StreamMaps maps;
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
-    const cuuint32_t box[2] = {kBK, BN};
-    err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box,
-                     CU_TENSOR_MAP_SWIZZLE_128B);
-    if (err != cudaSuccess) return err;
+    if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
     // one CTA a work item (tile, split), at most as many as the SMs hold
     constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas>;
     int sms = 0;
@@ -1875,12 +1880,7 @@ cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t
     const cuuint32_t wbox[2] = {F::kBox / 4, kGemmRows};
     cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, blocks, wdims, wstrides, wbox);
     if (err != cudaSuccess) return err;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_in), static_cast<cuuint64_t>(m)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k_in) * 2};
-    const cuuint32_t box[2] = {kBK, BN};
-    err = tensor_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, x, dims, strides, box,
-                     CU_TENSOR_MAP_SWIZZLE_128B);
-    if (err != cudaSuccess) return err;
+    if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
     constexpr auto kernel = gguf_gemm90_kernel<T, F, BN>;
     int sms = 0;
     if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
