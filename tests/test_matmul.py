@@ -594,8 +594,9 @@ def test_gpu_gguf_gemm(rng, qtype):
     for i, (n_out, k_in, ms) in enumerate(cases):
         w, w64 = gpu_case(rng, qtype, n_out, k_in)
         for m in ms:
-            dtype = ("float16", "bfloat16")[(i + m) % 2]
-            check_gpu(rng, w, w64, m, dtype, m % 2 == 0, f"{qtype} {n_out}x{k_in} m={m}")
+            # both types at 16 and 256 rows of x a CTA, else one
+            for dtype in DTYPES if m in (16, 257, 300) else [("float16", "bfloat16")[(i + m) % 2]]:
+                check_gpu(rng, w, w64, m, dtype, m % 2 == 0, f"{qtype} {dtype} {n_out}x{k_in} m={m}")
     # the C entry, workspace NULL and given; a split shape (6 tiles of 128 x 128)
     m, n_out, k_in, dtype = 129, 300, 4096, "float16"
     w, w64 = gpu_case(rng, qtype, n_out, k_in)
@@ -624,6 +625,33 @@ def test_gpu_gguf_gemm(rng, qtype):
                                                     shape=w.shape))
     check_accuracy(from_cuda(y, dtype), reference(x[:70], w64, None, dtype), dtype,
                    f"{qtype} offset blocks", magnitude(x[:70], w64, dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("family", ["kbit", "kbit-tiled", "nf4"] + list(GGUF_TYPES))
+def test_gpu_empty_k(rng, family):
+    """k_in = 0, an empty weight, on the GPU at the GEMV's, the streamed and the GEMM's m:
+    y = bias (zeros without), whatever kernel the m would take."""
+    import torch
+    n_out = 5
+    if family.startswith("kbit"):
+        w, _ = kbit_weight(rng, n_out, 0, 4, "e4m4")
+        w = to_device(w)
+        if family == "kbit-tiled":
+            w = kbit.tile(w)
+    elif family == "nf4":
+        w = to_device(bnb4_weight(rng, n_out, 0, "nf4", 64)[0])
+    else:
+        w = types.SimpleNamespace(blocks=cuda(np.zeros(0, np.uint8)), ggml_type=GGML_ID[family],
+                                  shape=(n_out, 0))
+    for m in (3, 16, 20, 100):
+        for dtype in DTYPES:
+            bias = cuda_x(random_x(rng, (n_out,), dtype), dtype)
+            x = cuda_x(random_x(rng, (m, 0), dtype), dtype)
+            y = kbit.matmul(x, w, bias)
+            torch.cuda.synchronize()
+            assert torch.equal(y, bias.expand(m, n_out)), f"{family} {dtype} m={m}"
+            assert not kbit.matmul(x, w).any(), f"{family} {dtype} m={m} without bias"
 
 
 @requires_gpu

@@ -1217,10 +1217,6 @@ struct RingPos {
     }
 };
 
-// The producer of the persistent GEMMs (one thread): for each stage of each of the CTA's
-// items, W's stage into a slot of the W ring (issue_w(dst, stage, n0, bar, policy), w_bytes),
-// then its kHalves 64-k halves of x into slots of the x ring. A slot's n-th refill (n >=
-// 1) waits for its n-th release, the phase of parity (n - 1) & 1.
 // An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
 // item's through the workspace, by its last split to arrive; staged (store_tile_staged)
 // where staged_y, else element by element.
@@ -1241,6 +1237,10 @@ __device__ __forceinline__ void store_item(float (&acc)[BN / 2], const WorkItems
                     nullptr, ConsumerSync{});
 }
 
+// The producer of the persistent GEMMs (one thread): for each stage of each of the CTA's
+// items, W's stage into a slot of the W ring (issue_w(dst, stage, n0, bar, policy), w_bytes),
+// then its kHalves 64-k halves of x into slots of the x ring. A slot's n-th refill (n >=
+// 1) waits for its n-th release, the phase of parity (n - 1) & 1.
 template <int kHalves, class IssueW>
 __device__ __forceinline__ void produce(const WorkItems &items, const Ring &wr, const Ring &xr,
                                         uint32_t w_bytes, const CUtensorMap &xmap, int stage_k,
@@ -1554,8 +1554,8 @@ struct Affine<BF16> {
 
 __device__ __forceinline__ float half_at(uint32_t at) { return __half2float(__ushort_as_half(lds_u16(at))); }
 
-// A format's decoder: kStageBytes of a row's stage (kBox in shared memory, a row's box
-// padded so that rows g = 0..7 fall in distinct banks), Row (what a row's stage holds for
+// A format's decoder: kStageBytes of a row's stage (kBox in shared memory: rows g = 0..7
+// of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
 // all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
 // loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
 // 2h + u's codes [st][e] and scale groups [st].
@@ -1685,8 +1685,8 @@ struct QK45G {
     }
 };
 
-// Q6_K: one super-block of 210 bytes (on 2 bytes: the box starts on the 16 before it, the
-// row's stage `delta` bytes in): ql[128], qh[64], 16 int8 scales (one a 16 elements: a k16
+// Q6_K: one super-block of 210 bytes (on 2 bytes: the box starts on the 16 bytes at or
+// before it, the row's stage (210 stage) % 16 bytes in, rows of 240 bytes): ql[128], qh[64], 16 int8 scales (one a 16 elements: a k16
 // step), fp16 d. Chunk c: half hf = c / 4, quadrant r = c % 4: 4 bits of ql[64 hf + 32 (r %
 // 2) + l] (high nibble from r = 2), bits 2r of qh[32 hf + l]; value d sc (q - 32).
 struct Q6_KG {

@@ -60,8 +60,8 @@ cudaError_t matmul(const Bnb4Weight &w, kbit_dtype dtype, const void *x, int64_t
 // GGUF weights (ggml types Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) read as the file stores them by
 // the GGUF GEMM: whether it reads this one (blocks on 16 bytes, a row's bytes whole
 // 16-byte runs: k_in % 256 == 0, Q6_K's % 2048; k_in and n_out below 2^31), and y = x ·
-// Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned) at any m (gemv.cu calls it from
-// gguf90_min_m, formats/matmul.h), split k through the
+// Wᵀ (+ bias) for fp16 / bf16 x (16-byte aligned), m >= kStream90StoredMinM and k_in > 0
+// (gemv.cu calls it from gguf90_min_m, formats/matmul.h), split k through the
 // workspace as the tiled GEMM's plan asks (tiled90_plan) where it is large enough.
 bool gguf_reads(int ggml_type, const void *blocks, int64_t k_in, int64_t n_out);
 cudaError_t matmul_gguf(int ggml_type, kbit_dtype dtype, const void *blocks, const void *x,

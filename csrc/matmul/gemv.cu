@@ -975,13 +975,15 @@ cudaError_t launch_generic(const Values &values, kbit_dtype dtype, const void *x
 
 // ---- entries -------------------------------------------------------------------------------------
 
-// The tensor-core paths take fp16/bf16 x on 16-byte boundaries; the staged one also
-// copies W and its scales in whole 4-byte words.
-bool mma_ok(kbit_dtype dtype, const void *x) {
-    return dtype != KBIT_DTYPE_FP32 && aligned(x, 16);
+// The tensor-core paths take fp16/bf16 x on 16-byte boundaries and some k (k_in = 0, an
+// empty weight: the generic path writes y = bias); the staged one also copies W and its
+// scales in whole 4-byte words.
+bool mma_ok(kbit_dtype dtype, const void *x, int64_t k_in) {
+    return dtype != KBIT_DTYPE_FP32 && aligned(x, 16) && k_in > 0;
 }
-bool staged_ok(kbit_dtype dtype, const void *x, const void *packed, const void *absmax) {
-    return mma_ok(dtype, x) && aligned(packed, 4) && aligned(absmax, 4);
+bool staged_ok(kbit_dtype dtype, const void *x, int64_t k_in, const void *packed,
+               const void *absmax) {
+    return mma_ok(dtype, x, k_in) && aligned(packed, 4) && aligned(absmax, 4);
 }
 
 // The sm_90a kernels (gemm_sm90.cu) run on compute capability 9.0 where the build
@@ -1027,7 +1029,7 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     KBIT_TRY(check_workspace(workspace, workspace_bytes));
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     cudaError_t err = cudaSuccess;
-    if (staged_ok(dtype, x, packed, absmax)) {
+    if (staged_ok(dtype, x, k_in, packed, absmax)) {
         const int64_t blocks = n_out * (k_in / kBlock);
         with_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
@@ -1085,7 +1087,12 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                      codebook, k, bias, y));
     KBIT_TRY(check_workspace(workspace, workspace_bytes));
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
-    if (!mma_ok(dtype, x))
+    if (k_in == 0)  // an empty weight: y = bias (the generic kernel decodes nothing of W)
+        return cuda_status(launch_generic(KbitValues{static_cast<const uint32_t *>(tiled_packed),
+                                                     tiled_absmax, fmt, ts, codebook, k},
+                                          dtype, x, m, k_in, n_out, bias, y, stream),
+                           "kbit_matmul_kbit_tiled launch");
+    if (!mma_ok(dtype, x, k_in))
         return fail(KBIT_ERROR_NOT_SUPPORTED,
                     "the tiled matmul takes fp16 or bf16 x on 16-byte boundaries; use "
                     "kbit_matmul_kbit on the stored weight for fp32 or unaligned x");
@@ -1220,7 +1227,7 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     const int log2_bs = bnb4::log2_of(blocksize);
     cudaError_t err = cudaSuccess;
-    if (staged_ok(dtype, x, packed, absmax)) {
+    if (staged_ok(dtype, x, k_in, packed, absmax)) {
         const int64_t n = n_out * k_in;
         with_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
@@ -1293,11 +1300,7 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
                                                        stream, err);
         }
     }
-    // (32 rows of x fill more than half the ring with one-tile stages: never a ring of two)
-    if constexpr (NT < 4)
-        return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream,
-                                                   err);
-    return false;
+    return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream, err);
 }
 
 // GGUF from m = gguf90_min_m on sm_90: the GGUF GEMM (gemm_sm90.cu) where it reads the
@@ -1324,9 +1327,10 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
         if (m == 0 || n_out == 0) return KBIT_SUCCESS;
         const auto *b = static_cast<const uint8_t *>(blocks);
         cudaError_t err = cudaSuccess;
-        if (mma_ok(dtype, x) && run_gguf_sm90(Fmt::kTypeId, dtype, b, x, m, k_in, n_out, bias, y,
-                                              workspace, workspace_bytes, stream, err)) {
-        } else if (mma_ok(dtype, x)) {
+        if (!mma_ok(dtype, x, k_in)) {
+            err = launch_generic(GgufValues<Fmt>{b}, dtype, x, m, k_in, n_out, bias, y, stream);
+        } else if (!run_gguf_sm90(Fmt::kTypeId, dtype, b, x, m, k_in, n_out, bias, y, workspace,
+                                  workspace_bytes, stream, err)) {
             with_dtype(dtype, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (!std::is_same_v<T, F32>) {
@@ -1350,8 +1354,6 @@ kbit_status gguf_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                 }
                 return KBIT_SUCCESS;
             });
-        } else {
-            err = launch_generic(GgufValues<Fmt>{b}, dtype, x, m, k_in, n_out, bias, y, stream);
         }
         return cuda_status(err, "GGUF matmul launch");
     });

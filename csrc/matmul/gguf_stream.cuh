@@ -1,4 +1,4 @@
-// GGUF streamed GEMV (a pass of m <= 32 rows of x, sm_90): included by gemv.cu after the
+// GGUF streamed GEMV (m <= 16 rows of x, sm_90): included by gemv.cu after the
 // tiled streamed kernel, whose ring, resident x and consumer barrier it shares.
 //
 // The blocks are read exactly as a GGUF file stores them (row after row of W). A
@@ -213,11 +213,8 @@ struct Q8_0Codes {
     }
 };
 
-// Q4_K / Q5_K: the unit is sub-blocks 4 kHalf .. 4 kHalf + 3 of one block. Their 6-bit
-// scales and mins as bytes of two words (gguf::scales_mins_k4).
-__device__ __forceinline__ void k4_scales(const uint4 &h, int half, uint32_t &sc, uint32_t &mn) {
-    gguf::scales_mins_k4(h.y, h.z, h.w, half, sc, mn);
-}
+// Q4_K / Q5_K: the unit is sub-blocks 4 kHalf .. 4 kHalf + 3 of one block (their 6-bit
+// scales and mins as bytes of two words: gguf::scales_mins_k4).
 
 template <bool kFifthBit>
 struct QK45S {
@@ -235,8 +232,8 @@ struct QK45S {
             qhb[1] = lds_u32(u.wb + offsetof(gguf::BlockQ5_K, qh) + 16 + 4 * u.t);
         }
         uint32_t sca, mna, scb, mnb;
-        k4_scales(ha, kHalf, sca, mna);
-        k4_scales(hb, kHalf, scb, mnb);
+        gguf::scales_mins_k4(ha.y, ha.z, ha.w, kHalf, sca, mna);
+        gguf::scales_mins_k4(hb.y, hb.z, hb.w, kHalf, scb, mnb);
         const uint32_t nbase = splat<T>(-Pack<T>::kBase);
         Sums<NT> c1, c2;
 #pragma unroll
