@@ -519,6 +519,11 @@ KBIT_API kbit_status kbit_gguf_to_kbit_host(int ggml_type, const void *blocks, i
  *    (tensor_scale stays float32, applied to the sums), except for fp16 x with fp32 kbit
  *    block scales, whose scales stay float32. NF4 / FP4 block
  *    scales above 65504 with fp16 x overflow there as in bitsandbytes' fp16 dequantize.
+ *    GGUF weights there (from m = 17, or 16 for 2^25 elements or more; blocks on 16
+ *    bytes, k_in % 256 == 0, Q6_K's % 2048) reach the tensor cores as (q - offset) * a + b
+ *    for each scale group, a = d * sub-block scale, b = -dmin * min: with fp16 x, a, b and
+ *    the result each rounded to fp16 (within about 1.5e-3 of a block's largest |W|); with
+ *    bf16 x, computed in float32 and rounded once.
  *  - Any m >= 0; m = 0 or n_out = 0 writes nothing (the arguments are still checked).
  *    Pointers to arrays of zero elements may be NULL.
  *  - workspace (GPU entries): NULL with workspace_bytes 0 is always valid. The fastest
