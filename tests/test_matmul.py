@@ -648,10 +648,11 @@ def test_gpu_empty_k(rng, family):
         for dtype in DTYPES:
             bias = cuda_x(random_x(rng, (n_out,), dtype), dtype)
             x = cuda_x(random_x(rng, (m, 0), dtype), dtype)
-            y = kbit.matmul(x, w, bias)
-            torch.cuda.synchronize()
-            assert torch.equal(y, bias.expand(m, n_out)), f"{family} {dtype} m={m}"
-            assert not kbit.matmul(x, w).any(), f"{family} {dtype} m={m} without bias"
+            for b in (bias, None):  # into NaNs: an output left unwritten fails
+                y = kbit.matmul(x, w, b, out=poisoned_cuda((m, n_out), dtype))
+                torch.cuda.synchronize()
+                want = bias.expand(m, n_out) if b is not None else torch.zeros_like(y)
+                assert torch.equal(y, want), f"{family} {dtype} m={m} bias={b is not None}"
 
 
 @requires_gpu

@@ -124,26 +124,10 @@ __device__ __forceinline__ float kbit_out_mul(const Dec &dec, float book) {
 
 // Four pairs of T times one factor (rounded to T first).
 template <class T>
-struct Pair;
-template <>
-struct Pair<F16> {
-    using type = __half2;
-    static __device__ __forceinline__ type of(float f) { return __float2half2_rn(f); }
-};
-template <>
-struct Pair<BF16> {
-    using type = __nv_bfloat162;
-    static __device__ __forceinline__ type of(float f) { return __float2bfloat162_rn(f); }
-};
-template <class T>
 __device__ __forceinline__ void scale_pairs(T, uint32_t (&p)[4], float f) {
-    using P = typename Pair<T>::type;
-    const P s = Pair<T>::of(f);
+    const uint32_t s = splat<T>(f);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const P v = __hmul2(*reinterpret_cast<const P *>(&p[i]), s);
-        p[i] = *reinterpret_cast<const uint32_t *>(&v);
-    }
+    for (int i = 0; i < 4; ++i) p[i] = hmul2<T>(p[i], s);
 }
 
 // y from a CTA's accumulators (two warpgroups of m64nNk16: acc[4 j + e] of lane (g, t)
@@ -757,14 +741,6 @@ constexpr int stream_ctas() {
     return BN <= 32 && StreamConfig90<Src, BN, 2>::kBuilt ? 2 : 1;
 }
 
-// a * b for pairs of T
-template <class T>
-__device__ __forceinline__ uint32_t mul_pair(uint32_t a, uint32_t b) {
-    using P = typename Pair<T>::type;
-    const P v = __hmul2(*reinterpret_cast<const P *>(&a), *reinterpret_cast<const P *>(&b));
-    return *reinterpret_cast<const uint32_t *>(&v);
-}
-
 template <class T, class Src, int BN, int kCtas>
 __global__ void __launch_bounds__(kThreads90, kCtas)
 stream90_kernel(Src src, const float *__restrict__ codebook, int k,
@@ -863,8 +839,8 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
                 uint32_t pa[4], pb[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    pa[i] = mul_pair<T>(my_table[Src::index(w, v, 0, i)], sa[v]);
-                    pb[i] = mul_pair<T>(my_table[Src::index(w, v, 1, i)], sc[v]);
+                    pa[i] = hmul2<T>(my_table[Src::index(w, v, 0, i)], sa[v]);
+                    pb[i] = hmul2<T>(my_table[Src::index(w, v, 1, i)], sc[v]);
                 }
                 a[h][2 * u][0] = pa[0], a[h][2 * u][1] = pb[0], a[h][2 * u][2] = pa[1], a[h][2 * u][3] = pb[1];
                 a[h][2 * u + 1][0] = pa[2], a[h][2 * u + 1][1] = pb[2], a[h][2 * u + 1][2] = pa[3],
@@ -1380,8 +1356,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
                             const uint32_t(&seg)[K] = w[2 * st + e];
-                            ab[st][2 * e] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
-                            ab[st][2 * e + 1] = mul_pair<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
+                            ab[st][2 * e] = hmul2<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
+                            ab[st][2 * e + 1] = hmul2<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
                         }
                     wgmma_fence();
 #pragma unroll
@@ -1520,29 +1496,20 @@ struct Affine<F16> {
     // (a, b) = (s d, m e) for the small integers s, m in bytes 0 and 2 of `sm` (biased) and
     // the fp16 pair (d, e): each product rounded once, as `of` rounds the float32 ones
     __device__ static Affine of_products(uint32_t sm, uint32_t de) {
-        const __half2 v = __hmul2(__hadd2(*reinterpret_cast<const __half2 *>(&sm), __float2half2_rn(-1024.0f)),
-                                  *reinterpret_cast<const __half2 *>(&de));
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(&v);
+        const uint32_t w = hmul2<F16>(hadd2<F16>(sm, splat<F16>(-1024.0f)), de);
         return {__byte_perm(w, 0u, 0x1010u), __byte_perm(w, 0u, 0x3232u)};
     }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
-        // 1024 + c minus 1024 + kOff, exact
-        const __half2 q = __hadd2(*reinterpret_cast<const __half2 *>(&codes),
-                                  __float2half2_rn(-(1024.0f + kOff)));
-        const __half2 v = kMin ? __hfma2(q, *reinterpret_cast<const __half2 *>(&a),
-                                         *reinterpret_cast<const __half2 *>(&b))
-                               : __hmul2(q, *reinterpret_cast<const __half2 *>(&a));
-        return *reinterpret_cast<const uint32_t *>(&v);
+        const uint32_t q = hadd2<F16>(codes, splat<F16>(-(1024.0f + kOff)));  // 1024 + c - (1024 + kOff), exact
+        return kMin ? hfma2<F16>(q, a, b) : hmul2<F16>(q, a);
     }
 };
 template <>
 struct Affine<BF16> {
     float a, b;
     __device__ static Affine of(float a, float b) { return {a, b}; }
-    __device__ static Affine of_half(uint32_t d) {
-        return {__half2float(__ushort_as_half(static_cast<uint16_t>(d))), 0.0f};
-    }
+    __device__ static Affine of_half(uint32_t d) { return {f16_bits_to_f32(static_cast<uint16_t>(d)), 0.0f}; }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
         // 0x4B0000c is the float 2^23 + c: minus 2^23 + kOff, exact
@@ -1551,8 +1518,6 @@ struct Affine<BF16> {
         return pack2(BF16{}, fmaf(q0, a, b), fmaf(q1, a, b));
     }
 };
-
-__device__ __forceinline__ float half_at(uint32_t at) { return __half2float(__ushort_as_half(lds_u16(at))); }
 
 // A format's decoder: kStageBytes of a row's stage (kBox in shared memory: rows g = 0..7
 // of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
@@ -1704,7 +1669,7 @@ struct Q6_KG {
         Row r;
 #pragma unroll
         for (int i = 0; i < 8; ++i) r.sc[i] = lds_u16(at + 192 + 2 * i);
-        r.d = half_at(at + 208);
+        r.d = f16_bits_to_f32(lds_u16(at + 208));
         return r;
     }
     __device__ static Half half(uint32_t at, const Row &, int h, int t) {

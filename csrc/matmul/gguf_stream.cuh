@@ -38,34 +38,6 @@ static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
 template <int kR>
 constexpr int x_stride() { return kStageK / kR * 2 + 16; }
 
-// ---- packed T arithmetic on 32-bit words -------------------------------------------------
-
-// T's packed pair type, and the code-byte magic: byte 0x64 (fp16) or 0x43 (bf16) is the
-// high byte of `base` (1024 or 128), whose low mantissa bits a code byte then fills.
-template <class T>
-struct Pack {
-    static constexpr bool kF16 = std::is_same_v<T, F16>;
-    using H2 = std::conditional_t<kF16, __half2, __nv_bfloat162>;
-    static constexpr uint32_t kMagic = kF16 ? 0x64646464u : 0x43434343u;
-    static constexpr float kBase = kF16 ? 1024.0f : 128.0f;
-    static __device__ __forceinline__ H2 h(uint32_t v) { return *reinterpret_cast<H2 *>(&v); }
-    static __device__ __forceinline__ uint32_t u(H2 v) { return *reinterpret_cast<uint32_t *>(&v); }
-};
-template <class T>
-__device__ __forceinline__ uint32_t hadd2(uint32_t a, uint32_t b) {
-    return Pack<T>::u(__hadd2(Pack<T>::h(a), Pack<T>::h(b)));
-}
-template <class T>
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-    return Pack<T>::u(__hmul2(Pack<T>::h(a), Pack<T>::h(b)));
-}
-template <class T>
-__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
-    return Pack<T>::u(__hfma2(Pack<T>::h(a), Pack<T>::h(b), Pack<T>::h(c)));
-}
-template <class T>
-__device__ __forceinline__ uint32_t splat(float v) { return pack2(T{}, v, v); }
-
 // The arguments below that pick bytes are constants once the callers' loops unroll, so
 // each is one byte permute with an immediate selector.
 // Bytes (0, 1) (half 0) or (2, 3) (half 1) of a word of codes as the pair (base + c0,
