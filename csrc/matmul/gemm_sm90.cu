@@ -1474,17 +1474,17 @@ __device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
     asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
     return r;
 }
-__device__ __forceinline__ uint32_t biased(uint32_t v, uint32_t mask) {
+__device__ __forceinline__ uint32_t with_exponent(uint32_t v, uint32_t mask) {
     return lop3<0xEA>(v, mask, 0x64006400u);  // (a & b) | c
 }
-__device__ __forceinline__ uint32_t biased_xor(uint32_t v, uint32_t flip) {
+__device__ __forceinline__ uint32_t with_exponent_xor(uint32_t v, uint32_t flip) {
     return lop3<0xBE>(v, flip, 0x64006400u);  // (a ^ b) | c
 }
 __device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t mask) {
     return lop3<0xF8>(c, v, mask);  // a | (b & c)
 }
 
-// value = (q - kOff) a + b for a pair of codes (biased words, above), as a pair of T.
+// value = (q - kOff) a + b for a pair of codes (words with_exponent gives), as a pair of T.
 template <class T>
 struct Affine;
 template <>
@@ -1493,8 +1493,9 @@ struct Affine<F16> {
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     // a = d (fp16 bits), b = 0
     __device__ static Affine of_half(uint32_t d) { return {__byte_perm(d, 0u, 0x1010u), 0u}; }
-    // (a, b) = (s d, m e) for the small integers s, m in bytes 0 and 2 of `sm` (biased) and
-    // the fp16 pair (d, e): each product rounded once, as `of` rounds the float32 ones
+    // (a, b) = (s d, m e) for the small integers s, m in bytes 0 and 2 of `sm`
+    // (with_exponent) and the fp16 pair (d, e): each product rounded once, as `of` rounds
+    // the float32 ones
     __device__ static Affine of_products(uint32_t sm, uint32_t de) {
         const uint32_t w = hmul2<F16>(hadd2<F16>(sm, splat<F16>(-1024.0f)), de);
         return {__byte_perm(w, 0u, 0x1010u), __byte_perm(w, 0u, 0x3232u)};
@@ -1569,8 +1570,8 @@ struct Q4_0Codes {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const uint32_t v = pair_bytes(q + 8 * e + 2 * t);
-            c[0][e] = biased(v, 0x000F000Fu);
-            c[1][e] = biased(v >> 4, 0x000F000Fu);
+            c[0][e] = with_exponent(v, 0x000F000Fu);
+            c[1][e] = with_exponent(v >> 4, 0x000F000Fu);
         }
     }
 };
@@ -1582,7 +1583,7 @@ struct Q8_0Codes {
 #pragma unroll
         for (int st = 0; st < 2; ++st)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) c[st][e] = biased_xor(pair_bytes(q + 16 * st + 8 * e + 2 * t), 0x00800080u);
+            for (int e = 0; e < 2; ++e) c[st][e] = with_exponent_xor(pair_bytes(q + 16 * st + 8 * e + 2 * t), 0x00800080u);
     }
 };
 using Q4_0G = Block32G<Q4_0Codes>;
@@ -1631,7 +1632,7 @@ struct QK45G {
         for (int st = 0; st < 2; ++st)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                c[st][e] = biased(u ? w.q[st][e] >> 4 : w.q[st][e], 0x000F000Fu);
+                c[st][e] = with_exponent(u ? w.q[st][e] >> 4 : w.q[st][e], 0x000F000Fu);
                 if constexpr (kFifthBit)
                     c[st][e] = with_bits(c[st][e], s <= 4 ? r.qh[st][e] << (4 - s) : r.qh[st][e] >> (s - 4),
                                          0x00100010u);
@@ -1640,7 +1641,7 @@ struct QK45G {
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
         if constexpr (std::is_same_v<T, F16>) {  // (sc, mn) times (d, -dmin) in one HMUL2
             const uint32_t j = s & 3;
-            f[0] = f[1] = Affine<T>::of_products(biased(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
+            f[0] = f[1] = Affine<T>::of_products(with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
                                                  r.h.x ^ 0x80000000u);
         } else {
             const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
@@ -1695,7 +1696,7 @@ struct Q6_KG {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const uint32_t hi = q <= 2 ? w.qh[st][e] << (4 - 2 * q) : w.qh[st][e] >> (2 * q - 4);
-                c[st][e] = with_bits(biased(w.ql[u][st][e] >> (4 * (h & 1)), 0x000F000Fu), hi, 0x00300030u);
+                c[st][e] = with_bits(with_exponent(w.ql[u][st][e] >> (4 * (h & 1)), 0x000F000Fu), hi, 0x00300030u);
             }
             // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
             f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
