@@ -289,10 +289,11 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     """The streamed GEMV's walk: more row tiles than CTAs (runs of several tiles a CTA),
     rows of one, two and several ring stages with a short last one, a last group of one
     chunk, n_out off the tile, every absmax format, bias, m = 1..16, x copied with each
-    stage or (8500 rows: three row tiles or more a CTA) held for the whole kernel; against
-    the float64 reference."""
+    stage or (8500 rows: three row tiles or more a CTA) held for the whole kernel, K = 2's
+    pair table and (40x53280: 27 stages a CTA, kQuadMinStages) its quad table; against the
+    float64 reference."""
     for i, (n_out, k_in) in enumerate(((2500, 1312), (4100, 160), (2113, 4128), (5, 9216),
-                                       (8500, 416))):
+                                       (8500, 416), (40, 53280))):
         fmt = list(FORMATS)[(i + k) % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
         t = kbit.tile(on_cuda(q))

@@ -78,21 +78,54 @@ __device__ __forceinline__ uint32_t splat(float v) { return pack2(T{}, v, v); }
 template <int kEntries>
 constexpr int table_copies() { return kEntries > 256 ? 16 : 32; }
 
+// v, opaque to the compiler: a lane's fixed offsets stay in registers instead of being
+// recomputed from the thread index in every stage of a loop (the GGUF streamed GEMV: 25
+// instructions a unit in SASS).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    asm volatile("mov.b32 %0, %0;" : "+r"(v));
+    return v;
+}
+
+// Three-input bitwise function kLut of a, b, c (one LOP3; ptxas keeps the asm as written).
+template <int kLut>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+    return r;
+}
+
 // A lane's copy of the pair table as a shared-memory address: entry idx is one
 // multiply-add and one load. (Through a pointer, the compiler recomputed the lane's copy
 // from the thread index for every lookup: 5 instructions a pair in SASS, now 2-3.)
+// An entry's copies are 4 kCopies bytes apart (2^kStride) and the lane's copy is below
+// that, so an index already shifted to bit kStride needs only its mask and the lane's
+// offset, one LOP3, and the load adds the table's warp-uniform address (`LDS [R+UR]`):
+// field() below.
 template <int kCopies>
 struct LaneTable {
-    uint32_t base;  // shared address of entry 0 of this lane's copy
+    static constexpr int kStride = 2 + (kCopies >= 2) + (kCopies >= 4) + (kCopies >= 8) +
+                                   (kCopies >= 16) + (kCopies >= 32) + (kCopies >= 64);
+    static_assert(4 * kCopies == 1 << kStride, "copies a power of two, to 64");
+    uint32_t base;   // shared address of entry 0 of this lane's copy
+    uint32_t table;  // shared address of the table (the same in every lane)
+    uint32_t lane;   // base - table
     __device__ __forceinline__ uint32_t operator[](uint32_t idx) const {
         return lds_u32(base + idx * (4 * kCopies));
+    }
+    // The entry of bits [bit, bit + 2K) of v, v's bits below and above them anything:
+    // (v shifted so that they start at kStride) & mask | lane, plus the table.
+    template <int K>
+    __device__ __forceinline__ uint32_t at_shifted(uint32_t shifted) const {
+        return lds_u32(table + lop3<0xEA>(shifted, ((1u << (2 * K)) - 1u) << kStride, lane));
     }
 };
 template <int kCopies>
 __device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) {
     const int lane = threadIdx.x & 31;
-    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(table + lane % kCopies));
-    return {__shfl_sync(0xFFFFFFFFu, at, lane)};  // opaque: not split back into tid math
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+    const uint32_t mine = 4u * static_cast<uint32_t>(lane % kCopies);
+    // opaque: not split back into tid math
+    return {__shfl_sync(0xFFFFFFFFu, at + mine, lane), at, opaque(mine)};
 }
 
 // Fills entries [0, kEntries) of the table with value(e), every one of its `copies`
@@ -185,13 +218,6 @@ __device__ __forceinline__ uint64_t evict_last_policy() {
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
-// v, opaque to the compiler: a lane's fixed offsets stay in registers instead of being
-// recomputed from the thread index in every stage of a loop (the GGUF streamed GEMV: 25
-// instructions a unit in SASS).
-__device__ __forceinline__ uint32_t opaque(uint32_t v) {
-    asm volatile("mov.b32 %0, %0;" : "+r"(v));
-    return v;
-}
 
 // ---- tensor maps (TMA) -----------------------------------------------------------------
 
@@ -269,6 +295,25 @@ __device__ __forceinline__ uint32_t segment_field(const uint32_t (&w)[N], int f)
     return v & ((1u << (2 * K)) - 1u);
 }
 
+// The table entry of field f of a run of segment words: K = 4 a byte permute and a
+// multiply-add (the byte is the index), other K one shift (a funnel shift where the field
+// spans two words) and the table's LOP3.
+template <int K, int N, int kCopies>
+__device__ __forceinline__ uint32_t field_entry(const uint32_t (&w)[N], int f,
+                                                const LaneTable<kCopies> &table) {
+    if constexpr (K == 4) {
+        return table[segment_field<K>(w, f)];
+    } else {
+        constexpr int kS = LaneTable<kCopies>::kStride;
+        const int bit = 2 * K * f, word = bit / 32, shift = bit % 32;
+        uint32_t v;  // the field at bit kS
+        if (shift < kS) v = w[word] << (kS - shift);
+        else if (shift + 2 * K > 32) v = __funnelshift_r(w[word], w[word + 1], shift - kS);
+        else v = w[word] >> (shift - kS);
+        return table.template at_shifted<K>(v);
+    }
+}
+
 // The pairs of chunk v of a tiled lane's words: fields 8 v + i (row g) into pa, 8 v + 4 + i
 // (row g + 8) into pb, each one table read.
 template <int K, int N, class Table>
@@ -276,9 +321,21 @@ __device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const
                                             uint32_t (&pa)[4], uint32_t (&pb)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        pa[i] = table[segment_field<K>(w, 8 * v + i)];
-        pb[i] = table[segment_field<K>(w, 8 * v + 4 + i)];
+        pa[i] = field_entry<K>(w, 8 * v + i, table);
+        pb[i] = field_entry<K>(w, 8 * v + 4 + i, table);
     }
+}
+
+// Byte v of s (v a compile-time constant), an E4M4 scale, decoded times `mul` without a
+// table: the byte at bit 19 is the float32 of e4m4_decode's value times 2^-116 (E4M4's
+// subnormals are float32 ones there), which 2^116 makes exact; one rounding, as
+// e4m4_decode(c) * mul. (The streamed tiled GEMV read a 256-entry table in shared memory,
+// whose loads were a fifth of its shared-memory wavefronts at K = 2: bench/RESULTS.md,
+// session 16.)
+__device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
+    const int up = 19 - 8 * v;
+    const uint32_t bits = (up >= 0 ? s << up : s >> -up) & (0xFFu << 19);
+    return __uint_as_float(bits) * 0x1p116f * mul;
 }
 
 // A tiled lane segment (8K bytes at a shared address on 8K-byte boundaries) into 2K
@@ -480,14 +537,14 @@ struct FloatDirect {
     }
 };
 
-// Fills the CTA's pair table for decoder Dec and returns the factor its entries were
-// divided by: the codebook's largest |entry| (1 if all are zero, or for the fixed NF4/FP4
-// tables). Ends with a barrier.
-template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
-__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
+// The factor a codebook's pair entries are divided by (its largest |entry|, 1 if all are
+// zero, or for the fixed NF4/FP4 tables), returned after fill(entry) wrote the table from
+// entry(e), pair e's value, and a barrier.
+template <class Dec, class Fill>
+__device__ float fill_book(uint32_t *table, const float *codebook, int k, Fill &&fill) {
     __shared__ float book_max;
     if constexpr (!Dec::kUsesCodebook) {
-        fill_table<Dec::kEntries, kCopies>(table, [](int e) { return Dec::entry(e); });
+        fill([](int e) { return Dec::entry(e); });
         __syncthreads();
         return 1.0f;
     } else {
@@ -500,9 +557,68 @@ __device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) 
         }
         __syncthreads();
         const float scale = book_max, inv_max = 1.0f / scale;
-        fill_table<Dec::kEntries, kCopies>(table, [&](int e) { return Dec::entry(e, cb, inv_max); });
+        fill([&](int e) { return Dec::entry(e, cb, inv_max); });
         __syncthreads();
         return scale;
+    }
+}
+
+// Fills the CTA's pair table for decoder Dec and returns the factor its entries were
+// divided by (fill_book's). Ends with a barrier.
+template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
+__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
+    return fill_book<Dec>(table, codebook, k, [&](auto entry) {
+        fill_table<Dec::kEntries, kCopies>(table, entry);
+    });
+}
+
+// The quad table of K = 2 (the streamed tiled GEMV): entry e, a byte of two pair indices
+// (the low nibble's pair first), is the two pairs' entries side by side (8 bytes), in 16
+// copies 8 bytes apart: entry e of copy c at 128 e + 8 c. A 64-bit load is served a half
+// warp at a time, so 16 copies keep a load's lanes on distinct banks.
+struct QuadTable {
+    static constexpr int kEntries = 256, kCopies = 16, kBytes = kEntries * kCopies * 8;
+    uint32_t table;  // shared address (the same in every lane)
+    uint32_t lane;   // the lane's copy: 8 (lane % 16)
+    // The entry of byte b of w (b a compile-time constant).
+    __device__ __forceinline__ uint2 operator()(uint32_t w, int b) const {
+        const uint32_t v = b == 0 ? w << 7 : w >> (8 * b - 7);  // the byte at bit 7
+        return lds_u32x2(table + lop3<0xEA>(v, 0x7F80u, lane));
+    }
+};
+// Fills the quad table of the K = 2 pair decoder Dec; returns fill_book's factor.
+template <class Dec>
+__device__ float fill_quad_table(uint32_t *table, const float *codebook, int k) {
+    static_assert(Dec::kEntries == 16, "K = 2: pairs of 2-bit codes");
+    return fill_book<Dec>(table, codebook, k, [&](auto entry) {
+        for (int e = threadIdx.x; e < QuadTable::kEntries; e += blockDim.x) {
+            const uint32_t lo = entry(e & 15), hi = entry(e >> 4);
+            uint4 *row = reinterpret_cast<uint4 *>(table + e * 2 * QuadTable::kCopies);
+#pragma unroll
+            for (int c = 0; c < QuadTable::kCopies / 2; ++c) row[c] = make_uint4(lo, hi, lo, hi);
+        }
+    });
+}
+__device__ __forceinline__ QuadTable quad_table(const uint32_t *table) {
+    return {static_cast<uint32_t>(__cvta_generic_to_shared(table)),
+            opaque(8u * static_cast<uint32_t>(threadIdx.x & 15))};
+}
+// Chunk v's pairs of a K = 2 tiled lane's words through the quad table. Word v's nibbles
+// are the pair indices of rows g (bytes 0, 1) and g + 8 (bytes 2, 3); x = its low nibbles
+// (pairs 0 and 2 of each row), y = its high ones (pairs 1 and 3), and x + (x >> 12) has
+// in byte 0 row g's pair 0 beside row g + 8's, in byte 1 their pairs 2. So a load gives
+// two registers the mma takes side by side, (pa[i], pb[i]): four weights for about four
+// instructions, where the pair table takes six (and moves, had the bytes been rows').
+template <int K, int N>
+__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const QuadTable &quads,
+                                            uint32_t (&pa)[4], uint32_t (&pb)[4]) {
+    const uint32_t x = w[v] & 0x0F0F0F0Fu, y = (w[v] >> 4) & 0x0F0F0F0Fu;
+    const uint32_t zx = x + (x >> 12), zy = y + (y >> 12);  // disjoint nibbles: no carries
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint2 q = quads(i % 2 ? zy : zx, i / 2);
+        pa[i] = q.x;
+        pb[i] = q.y;
     }
 }
 

@@ -1468,12 +1468,6 @@ __device__ __forceinline__ uint32_t pair_bytes(uint32_t at) {
 // 0x64), the words a format's chunk() gives: for fp16 the exact pair 1024 + c, for bf16
 // bytes 0 and 2 as they are. One LOP3 each: (v & mask) | 0x64006400, (v ^ flip) |
 // 0x64006400, and c | (v & mask) (a code's high bits).
-template <int kLut>
-__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
-    return r;
-}
 __device__ __forceinline__ uint32_t with_exponent(uint32_t v, uint32_t mask) {
     return lop3<0xEA>(v, mask, 0x64006400u);  // (a & b) | c
 }

@@ -315,15 +315,16 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
 // The bytes in flight are the ring's (tens of KB an SM), not the registers', and a CTA
 // reads one contiguous range of W from its first tile to its last. Lane (g, t) reads its
-// segment and rows g and g+8's scales from
-// the stage, takes each pair index as a fixed-position bit field and looks it up in the
-// pair table; the warps' sums of a tile meet in shared memory after its last stage.
+// segment and rows g and g+8's scales from the stage, takes each pair index as a
+// fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
+// load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
+// arithmetic; the warps' sums of a tile meet in shared memory after its last stage.
 // Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
 // 32-bit arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued
 // 0.21 warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
-constexpr int kStreamMaxStages = 8;
+constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md, session 16)
 // dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
 constexpr int kStreamSmem = 208 * 1024;
 
@@ -342,6 +343,16 @@ struct StreamStage {
     static constexpr int kXRow = kUnits * kXUnit + 16;  // + 16: rows g and g+1 in other banks
     static __host__ __device__ constexpr int bytes(int x_rows) { return kX + x_rows * kXRow; }
 };
+
+// The streamed tiled GEMV's table: the quad table (K = 2, four weights a load) or the pair
+// table. K = 2 takes the quad table where a CTA reads kQuadMinStages stages or more: its
+// 32 KB are filled before a stage is read, which measured slower on fewer (bench/RESULTS.md,
+// session 16).
+constexpr int kQuadMinStages = 24;
+template <class T, int K, kbit_absmax_format FMT, bool kQuads>
+constexpr int stream_table_bytes() {
+    return kQuads ? QuadTable::kBytes : table_bytes<KbitStaged<T, K, FMT>>();
+}
 
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() {
@@ -475,7 +486,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
 }
 
 // Up to 8 rows of x (one n8 tile).
-template <class T, int K, kbit_absmax_format FMT>
+template <class T, int K, kbit_absmax_format FMT, bool kQuads>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -485,13 +496,13 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
-    using Dec = KbitStaged<T, K, FMT>;  // its pair table
+    static_assert(!kQuads || K == 2, "the quad table is K = 2's");
+    using Dec = KbitStaged<T, K, FMT>;  // its pair entries
     using St = StreamStage<K, FMT>;
     constexpr int kSB = St::kSB, kUnits = St::kUnits;
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
     __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -503,7 +514,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM);
     const int64_t first = walk.first, stages = walk.stages;
     const int x_rows = walk.x_rows;
-    const ResidentX rx{x_stride, x_rows, smem_address(smem) + table_bytes<Dec>()};
+    const ResidentX rx{x_stride, x_rows, smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>()};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
     const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
@@ -545,18 +556,28 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         produce(stages < ring_stages ? stages : ring_stages);
     }
 
-    const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
-    if constexpr (FMT == KBIT_ABSMAX_E4M4)
-        for (int c = threadIdx.x; c < 256; c += blockDim.x) e4m4_scale[c] = e4m4_decode(c) * scale_mul;
-    __syncthreads();
+    float book;
+    if constexpr (kQuads) book = fill_quad_table<Dec>(table, codebook, K);
+    else book = fill_pair_table<Dec>(table, codebook, K);
+    const float scale_mul = ts * book;
     if (producer) {
         if (lane == 0) produce(stages);
         return;
     }
 
     // The consumers: warp w takes unit w of each stage.
-    const auto my_table = lane_table<copies>(table);
+    const auto my_table = [&] {
+        if constexpr (kQuads) return quad_table(table);
+        else return lane_table<copies>(table);
+    }();
     const uint32_t seg_at = opaque(ring_at + warp * St::kUnitW + lane * 8 * K);
+    // K = 4: the lanes' 32-byte segments, loaded as two 16-byte halves, met 2-way bank
+    // conflicts in each quarter warp (lanes l and l + 4; ncu: 15% of the kernel's
+    // shared-memory wavefronts). Lanes with l / 4 odd load their second half first, which
+    // selects put back.
+    const bool swap = K == 4 && ((lane >> 2) & 1);
+    const uint32_t seg_first = opaque(seg_at + (swap ? 16 : 0));
+    const uint32_t seg_second = opaque(seg_at + (swap ? 0 : 16));
     const uint32_t sc_at =
         opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
     // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
@@ -582,7 +603,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         }
     };
     auto chunk_scale = [&](const uint32_t (&s)[kScaleWords], int v) {
-        if constexpr (kSB == 1) return e4m4_scale[(s[0] >> (8 * v)) & 0xFFu];
+        if constexpr (kSB == 1) return e4m4_times(s[0], v, scale_mul);
         else if constexpr (kSB == 2)
             return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * scale_mul;
         else return __uint_as_float(s[v]) * scale_mul;
@@ -595,7 +616,14 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
         if (left > 0 && g0 + warp < groups) {
             uint32_t w[2 * K];  // the lane's segment
-            load_segment<K>(seg_at + at, w);
+            if constexpr (K == 4) {
+                const uint4 a = lds_u32x4(seg_first + at), b = lds_u32x4(seg_second + at);
+                const uint4 lo = swap ? b : a, hi = swap ? a : b;
+                w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+                w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+            } else {
+                load_segment<K>(seg_at + at, w);
+            }
             uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
             load_scales(sc_at + at, sa);
             load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
@@ -1130,15 +1158,25 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (err != cudaSuccess) return;
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     StreamLaunch l;
+                    bool quads = false;
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
-                        err = stream_launch(n_out, k_in, rows, rows, true,
-                                            table_bytes<KbitStaged<T, K, F>>(),
-                                            StreamStage<K, F>::bytes, l);
+                        auto plan = [&](int table) {
+                            return stream_launch(n_out, k_in, rows, rows, true, table,
+                                                 StreamStage<K, F>::bytes, l);
+                        };
+                        err = plan(stream_table_bytes<T, K, F, false>());
+                        if (err != cudaSuccess) return;
+                        // K = 2: the quad table where a CTA reads enough stages
+                        const int64_t per_tile = blocks_of(
+                            blocks_of(k_in / kChunk, tiled::kGroupChunks), kStreamWarps);
+                        quads = K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) *
+                                                  per_tile >= kQuadMinStages;
+                        if (quads) err = plan(stream_table_bytes<T, K, F, true>());
                         if (err != cudaSuccess) return;
                     }
-                    if (l.ring >= 2) {
-                        constexpr auto kernel = gemv_tiled_kernel<T, K, F>;
+                    auto streamed = [&](auto q) {
+                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value>;
                         err = allow_smem<kernel>(kStreamSmem);
                         if (err != cudaSuccess) return;
                         kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
@@ -1147,6 +1185,14 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             static_cast<const S *>(x), m, k_in, n_out,
                             static_cast<const S *>(bias), static_cast<S *>(y), l.ring,
                             l.x_stride);
+                    };
+                    if (l.ring >= 2) {
+                        if constexpr (K == 2) {
+                            if (quads) streamed(std::true_type{});
+                            else streamed(std::false_type{});
+                        } else {
+                            streamed(std::false_type{});
+                        }
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
                             constexpr int NT = decltype(nt)::value;
