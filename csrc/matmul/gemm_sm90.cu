@@ -515,14 +515,14 @@ struct StreamMaps {
 };
 
 // A row's four kbit block scales (sb = 1, 2 or 4 bytes each, contiguous at `at`) as pairs
-// of T: E4M4 through its table (times 2^8), fp16 as it is, fp32 rounded.
+// of T: E4M4 times 2^8 (e4m4_pair_x256), fp16 as it is, fp32 rounded.
 template <class T>
-__device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, const uint32_t *e4m4_pair,
-                                                 uint32_t (&s)[4]) {
+__device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, uint32_t (&s)[4]) {
     if (sb == 1) {
         const uint32_t v = lds_u32(at);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair[(v >> (8 * i)) & 0xFFu];
+        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair_x256<T>(v, i);
+        static_assert(kE4M4Shift == 256.0f, "e4m4_pair_x256: times 2^8");
     } else if (sb == 2) {
         const uint2 v = lds_u32x2(at);
 #pragma unroll
@@ -548,7 +548,6 @@ struct TiledSrc {
     using Dec = TiledScale<T, K>;
     static constexpr int kWBytes = kSTiles * tiled::kLanes * 8 * K;                // 8 units
     static constexpr int kSBytes = kSTiles * tiled::kTileRows * tiled::kGroupChunks * 4;  // at most
-    static constexpr bool kE4M4Table = true;
     // K = 2 and 4: the tiled GEMM's lanes of one g load the four segments of lanes
     // 4g..4g+3 (64 or 128 bytes); unswizzled, the g's of one shared-memory phase met in the
     // same banks (ncu, run 9: a third of the load wavefronts were conflicts at m = 256). So
@@ -573,8 +572,8 @@ struct TiledSrc {
         return kWBytes + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * dec.sb;
     }
     // Row g's scales of the stage's chunks as pairs of T.
-    __device__ void scales(uint32_t at, int, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
-        kbit_scale_pairs<T>(at, dec.sb, e4m4_pair, s);
+    __device__ void scales(uint32_t at, int, uint32_t (&s)[4]) const {
+        kbit_scale_pairs<T>(at, dec.sb, s);
     }
     __device__ uint32_t s_row8() const { return 8 * tiled::kGroupChunks * dec.sb; }  // row g + 8's
     // The factor the sums take at the output, after the table's fill returned `book`.
@@ -592,7 +591,6 @@ struct Bnb4Src {
     static constexpr int kWBytes = kSTiles * kTileRows * kRowBytes;        // 8 KB
     static constexpr int kSBytes = kSTiles * kTileRows * 16;               // 4 scales a row
     static constexpr int kWords = 8;  // rows g, g + 8 of 4 chunks: word [2 v + h]
-    static constexpr bool kE4M4Table = false;
     Dec dec;
     int log2_bs;
 
@@ -615,7 +613,7 @@ struct Bnb4Src {
             w[2 * v + 1] = lds_u32(at + 8 * kRowBytes + 16 * v);
         }
     }
-    __device__ void scales(uint32_t at, int gi, const uint32_t *, uint32_t (&s)[4]) const {
+    __device__ void scales(uint32_t at, int gi, uint32_t (&s)[4]) const {
         const int base = first_block(gi);
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
@@ -645,7 +643,6 @@ struct StoredKbitSrc {
     static constexpr int kWBytes = kSTiles * kTileRows * kRowBytes;
     static constexpr int kSBytes = kSTiles * kTileRows * 16;               // 16 bytes a row
     static constexpr int kWords = K == 5 ? 16 : 8;  // q of rows g, g + 8, 4 chunks; K = 5: fifth
-    static constexpr bool kE4M4Table = true;
     Dec dec;
 
     __device__ uint32_t stage_bytes() const { return kWBytes + kSBytes; }
@@ -681,8 +678,8 @@ struct StoredKbitSrc {
                 if constexpr (K == 5) w[8 + 2 * v + h] = fifth;
             }
     }
-    __device__ void scales(uint32_t at, int gi, const uint32_t *e4m4_pair, uint32_t (&s)[4]) const {
-        kbit_scale_pairs<T>(at + ((gi * tiled::kGroupChunks * dec.sb) & 15), dec.sb, e4m4_pair, s);
+    __device__ void scales(uint32_t at, int gi, uint32_t (&s)[4]) const {
+        kbit_scale_pairs<T>(at + ((gi * tiled::kGroupChunks * dec.sb) & 15), dec.sb, s);
     }
     __device__ uint32_t s_row8() const { return 8 * 16; }
     __device__ static uint32_t index(const uint32_t (&w)[kWords], int v, int h, int i) {
@@ -693,20 +690,11 @@ struct StoredKbitSrc {
     }
 };
 
-// A CTA's tables for a source, filled by all its threads and ending at a barrier: the pair
-// table and, where the scales may be E4M4, each code's value times 2^8 as a pair of T.
+// A CTA's pair table for a source, filled by all its threads and ending at a barrier.
 // Returns the factor the sums take at the output (what the whole weight shares).
 template <class T, int kCopies, class Src>
-__device__ float fill_source_tables(const Src &src, uint32_t *table, uint32_t *e4m4_pair,
-                                    const float *codebook, int k) {
-    const float out_mul = src.out_mul(fill_pair_table<typename Src::Dec, kCopies>(table, codebook, k));
-    if constexpr (Src::kE4M4Table)
-        for (int c = threadIdx.x; c < 256; c += blockDim.x) {
-            const float f = e4m4_decode(c) * kE4M4Shift;
-            e4m4_pair[c] = pack2(T{}, f, f);
-        }
-    __syncthreads();
-    return out_mul;
+__device__ float fill_source_tables(const Src &src, uint32_t *table, const float *codebook, int k) {
+    return src.out_mul(fill_pair_table<typename Src::Dec, kCopies>(table, codebook, k));
 }
 
 template <class Src, int BN>
@@ -759,7 +747,6 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     uint8_t *btile = base;                     // 3 permuted x tiles (1024-byte aligned)
     uint8_t *ring = btile + 3 * L::kB;         // R slots
     uint32_t *table = reinterpret_cast<uint32_t *>(ring + R * L::kSlot);
-    __shared__ uint32_t e4m4_pair[256];        // E4M4 code -> its value times 2^8, a pair of T
     __shared__ alignas(8) uint64_t full[kSMaxRing];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2;
@@ -792,7 +779,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     if (tid == 0)
         for (int q = 0; q < (stages < R ? stages : R); ++q) issue(q);
 
-    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
+    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
     const auto my_table = lane_table<C::kCopies>(table);
 
     // Permutes a stage's x (in its slot) into x tile `b`, a 16-byte unit of the tile a
@@ -827,8 +814,8 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
         const uint32_t at = slot * L::kSlot;
         uint32_t w[Src::kWords], sa[4], sc[4];  // the lane's words; rows g and g + 8's scales
         src.load_words(w_at + at, w);
-        src.scales(s_at + at, g_begin + q, e4m4_pair, sa);
-        src.scales(s_at + at + src.s_row8(), g_begin + q, e4m4_pair, sc);
+        src.scales(s_at + at, g_begin + q, sa);
+        src.scales(s_at + at + src.s_row8(), g_begin + q, sc);
         const uint64_t b = descriptor(b_at + bslot * L::kB);  // + (byte offset >> 4) within
         auto half = [&](auto hc) {
             constexpr int h = decltype(hc)::value;
@@ -1262,7 +1249,6 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
     uint32_t *table = reinterpret_cast<uint32_t *>(base + RX * C::kX + RW * C::kW);
-    __shared__ uint32_t e4m4_pair[256];  // E4M4 code -> its value times 2^8, a pair of T
     // full and empty barriers of the x halves, then of the W stages
     __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 2 + 1)];
     const uint32_t x_full = smem_address(bars), x_empty = x_full + 8 * RX;
@@ -1277,7 +1263,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         xr.init(kThreads90), wr.init(kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, e4m4_pair, codebook, k);
+    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
 
     // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
     // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024;
@@ -1329,8 +1315,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
             // the loop (N = 256 spilled and reloaded them every stage)
             const uint32_t seg_base = seg_at + w_slot, lx = pinned(line_xor);
             uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
-            src.scales(s_at + w_slot, item.g_begin + q, e4m4_pair, sa);
-            src.scales(s_at + w_slot + src.s_row8(), item.g_begin + q, e4m4_pair, sc);
+            src.scales(s_at + w_slot, item.g_begin + q, sa);
+            src.scales(s_at + w_slot + src.s_row8(), item.g_begin + q, sc);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint32_t w[4][K];  // half h of segment q of the four
