@@ -338,6 +338,16 @@ __device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
     return __uint_as_float(bits) * 0x1p116f * mul;
 }
 
+// Chunk v's scale (v a compile-time constant) of a tiled row's four kSB-byte scales in the
+// words s, times mul.
+template <int kSB, int N>
+__device__ __forceinline__ float tiled_chunk_scale(const uint32_t (&s)[N], int v, float mul) {
+    if constexpr (kSB == 1) return e4m4_times(s[0], v, mul);
+    else if constexpr (kSB == 2)
+        return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * mul;
+    else return __uint_as_float(s[v]) * mul;
+}
+
 // E4M4 byte i of v (i a compile-time constant) as a pair of T of its value times 2^8 (the
 // wgmma GEMMs' scale pairs), without a table: fp16 by the byte at bit 6 of each half, an
 // fp16 of value e4m4_decode(c) 2^-12 (E4M4's subnormals are fp16 ones there) times 2^12 in

@@ -602,12 +602,6 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             s[0] = v.x, s[1] = v.y, s[2] = v.z, s[3] = v.w;
         }
     };
-    auto chunk_scale = [&](const uint32_t (&s)[kScaleWords], int v) {
-        if constexpr (kSB == 1) return e4m4_times(s[0], v, scale_mul);
-        else if constexpr (kSB == 2)
-            return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * scale_mul;
-        else return __uint_as_float(s[v]) * scale_mul;
-    };
 
     Sums<1> acc;
     consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
@@ -630,7 +624,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             auto one = [&](int v) {  // chunk v of the unit
                 uint32_t pa[4], pb[4];
                 chunk_pairs<K>(w, v, my_table, pa, pb);
-                const float fa = chunk_scale(sa, v), fb = chunk_scale(sb, v);
+                const float fa = tiled_chunk_scale<kSB>(sa, v, scale_mul);
+                const float fb = tiled_chunk_scale<kSB>(sb, v, scale_mul);
                 const uint4 xv =
                     lds_u32x4((rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
@@ -678,15 +673,11 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
     constexpr int kSB = Group::kSB;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ float e4m4_scale[256];  // E4M4: decode(c) * tensor_scale * the book's scale
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
     const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
-    if constexpr (FMT == KBIT_ABSMAX_E4M4)
-        for (int c = threadIdx.x; c < 256; c += kThreads) e4m4_scale[c] = e4m4_decode(c) * scale_mul;
-    __syncthreads();
 
     const int64_t chunks = k_in / kChunk, groups = (chunks + 3) / 4;
     const int64_t tile = blockIdx.x, r0 = tile * kTileRows;
@@ -741,12 +732,6 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
                 G.x[n][u] = has_x[n] && c0 + u < chunks ? __ldg(xrow[n] + (c0 + u) * (kChunk / 8))
                                                         : make_uint4(0, 0, 0, 0);
     };
-    auto chunk_scale = [&](const Group &G, int h, int u) {
-        if constexpr (kSB == 1) return e4m4_scale[(G.s[h][0] >> (8 * u)) & 0xFFu];
-        else if constexpr (kSB == 2)
-            return f16_bits_to_f32(static_cast<uint16_t>(G.s[h][u / 2] >> (16 * (u % 2)))) * scale_mul;
-        else return __uint_as_float(G.s[h][u]) * scale_mul;
-    };
 
     float acc[NT][4] = {};
     auto compute = [&](const Group &G, int64_t grp) {
@@ -754,7 +739,8 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
         auto one = [&](int u) {
             uint32_t pa[4], pb[4];
             chunk_pairs<K>(G.w, u, my_table, pa, pb);
-            const float sa = chunk_scale(G, 0, u), sb = chunk_scale(G, 1, u);
+            const float sa = tiled_chunk_scale<kSB>(G.s[0], u, scale_mul);
+            const float sb = tiled_chunk_scale<kSB>(G.s[1], u, scale_mul);
 #pragma unroll
             for (int n = 0; n < NT; ++n) chunk_mma<T>(pa, pb, G.x[n][u], sa, sb, acc[n]);
         };
