@@ -291,7 +291,7 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     chunk, n_out off the tile, every absmax format, bias, m = 1..16, x copied with each
     stage or (8500 rows: three row tiles or more a CTA) held for the whole kernel, K = 2's
     pair table and (40x53280: 27 stages a CTA, kQuadMinStages) its quad table; against the
-    float64 reference."""
+    float64 reference; and x resident beyond 72 KB (17024x4672, m = 8)."""
     for i, (n_out, k_in) in enumerate(((2500, 1312), (4100, 160), (2113, 4128), (5, 9216),
                                        (8500, 416), (40, 53280))):
         fmt = list(FORMATS)[(i + k) % 3]
@@ -305,6 +305,20 @@ def test_gpu_streamed_gemv_shapes(rng, k):
             scale = magnitude(x, w64, dtype)
             check_accuracy(y, reference(x, w64, bias, dtype), dtype,
                            f"streamed K={k} {n_out}x{k_in} m={m}", scale)
+    # x held for the whole kernel beyond 72 KB (kResidentXTiled): 17024 rows (eight row
+    # tiles a CTA on 132 SMs), 8 rows of 9.1 KB; made on the GPU, against x times the
+    # dequantized W in float32
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(11 + k)
+    w = torch.randn(17024, 4672, device="cuda", generator=gen)
+    q = kbit.quantize(w, k=k)
+    del w
+    w32 = kbit.dequantize(q, dtype="float32")
+    x = torch.randn(8, 4672, device="cuda", generator=gen).half()
+    y = kbit.matmul(x, kbit.tile(q)).float()
+    ref = x.float() @ w32.T
+    err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+    assert err <= TOL["float16"], f"K={k} 17024x4672 m=8, x resident: relative error {err:.3g}"
 
 
 def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):
@@ -386,8 +400,9 @@ def test_gpu_tiled_gemm_items_and_long_rows(rng, k):
 def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
     """m = 33..64 on a weight of 2^27 elements (8192 x 16384), where the tiled GEMM on
     sm_90 runs two CTAs an SM at N = 64 (smaller weights: one), split k, fp16 and bf16 x,
-    with bias; everything made on the GPU, against x times the dequantized W in float32
-    (kbit.dequantize: exact per format)."""
+    with bias, and (K = 4) m = 8, which the tiled GEMM takes on such weights; everything
+    made on the GPU, against x times the dequantized W in float32 (kbit.dequantize: exact
+    per format)."""
     import torch
     g = torch.Generator(device="cuda").manual_seed(7)
     w = torch.randn(8192, 16384, device="cuda", generator=g)
@@ -395,7 +410,7 @@ def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
     del w
     w32 = kbit.dequantize(q, dtype="float32")
     t = kbit.tile(q)
-    for m, dtype in ((64, torch.float16), (40, torch.bfloat16)):
+    for m, dtype in ((64, torch.float16), (40, torch.bfloat16), (8, torch.float16)):
         x = torch.randn(m, 16384, device="cuda", generator=g).to(dtype)
         bias = torch.randn(8192, device="cuda", generator=g).to(dtype)
         y = kbit.matmul(x, t, bias).float()

@@ -332,6 +332,9 @@ __device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const
 // e4m4_decode(c) * mul. (The streamed tiled GEMV read a 256-entry table in shared memory,
 // whose loads were a fifth of its shared-memory wavefronts at K = 2: bench/RESULTS.md,
 // session 16.)
+#if defined(__CUDA_FTZ) && __CUDA_FTZ
+#error "e4m4_times needs float32 subnormals (built with -ftz=true or --use_fast_math)"
+#endif
 __device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
     const int up = 19 - 8 * v;
     const uint32_t bits = (up >= 0 ? s << up : s >> -up) & (0xFFu << 19);

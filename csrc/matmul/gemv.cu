@@ -373,12 +373,22 @@ struct ConsumersSync {
 // reads of two rows 2-way bank conflicts at m >= 2, as in the stages' x rows: 32 bytes
 // (GGUF's 8-byte reads) or 64 (the tiled kernel's 16-byte ones) would avoid them. Not
 // yet measured.)
+// The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
+// stages beside them and a CTA has kResidentTilesLarge row tiles or more (H100, session 16:
+// 28672x8192, 13.6 tiles a CTA, m = 5..8 12-26% faster).
 constexpr int kResidentX = 72 * 1024;
+constexpr int kResidentXTiled = 136 * 1024;
+constexpr int kResidentMinRing = 4;
 constexpr int kResidentTiles = 3;
-inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas) {
-    const int64_t stride = k_in * 2 + 16;
-    const bool reused = blocks_of(n_out, kTileRows) >= static_cast<int64_t>(kResidentTiles) * ctas;
-    return reused && x_rows * stride <= kResidentX ? static_cast<int>(stride) : 0;
+constexpr int kResidentTilesLarge = 8;
+inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas,
+                             int limit = kResidentX) {
+    const int64_t stride = k_in * 2 + 16, tiles = blocks_of(n_out, kTileRows);
+    // past kResidentX only where a CTA reads x kResidentTilesLarge times or more: x must
+    // arrive before the first stage (8192x28672, 3.9 tiles a CTA, m = 2: 115 KB, 1-3% slower)
+    const int reuse = x_rows * stride > kResidentX ? kResidentTilesLarge : kResidentTiles;
+    const bool reused = tiles >= static_cast<int64_t>(reuse) * ctas;
+    return reused && x_rows * stride <= limit ? static_cast<int>(stride) : 0;
 }
 __host__ __device__ inline int resident_x_bytes(int x_rows, int stride) {
     return (x_rows * stride + 127) / 128 * 128;
@@ -787,13 +797,18 @@ struct StreamLaunch {
 };
 template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
-                          int table, StageBytes &&stage_bytes, StreamLaunch &l) {
+                          int table, StageBytes &&stage_bytes, StreamLaunch &l,
+                          int resident_limit = kResidentX) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
     if (err != cudaSuccess) return err;
-    l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas) : 0;
-    l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
-    l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
-    l.ring = stream_stages(l.before, l.stage);
+    auto plan = [&](int limit) {
+        l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas, limit) : 0;
+        l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
+        l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
+        l.ring = stream_stages(l.before, l.stage);
+    };
+    plan(resident_limit);
+    if (resident_limit > kResidentX && l.x_stride && l.ring < kResidentMinRing) plan(kResidentX);
     return cudaSuccess;
 }
 
@@ -1149,7 +1164,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         const int rows = static_cast<int>(m);
                         auto plan = [&](int table) {
                             return stream_launch(n_out, k_in, rows, rows, true, table,
-                                                 StreamStage<K, F>::bytes, l);
+                                                 StreamStage<K, F>::bytes, l, kResidentXTiled);
                         };
                         err = plan(stream_table_bytes<T, K, F, false>());
                         if (err != cudaSuccess) return;
