@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kbit
+from kbit import reference as R
 from kbit._lib import function
 from conftest import requires_gpu
 from test_matmul import (DT_ID, TOL, as_f64, check_accuracy, cuda_x, from_cuda, kbit_weight,
@@ -319,6 +320,34 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     ref = x.float() @ w32.T
     err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
     assert err <= TOL["float16"], f"K={k} 17024x4672 m=8, x resident: relative error {err:.3g}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("k", [2, 4])
+def test_gpu_e4m4_subnormal_scales(k):
+    """E4M4 scales below 2^-10 (e = 0, E4M4's subnormals), which the kernels decode by bit
+    placement (the code byte as a float32 or fp16 subnormal, rescaled): a row tile of W
+    2e-6 the size of the others, so that all of its block scales are subnormal, through
+    the tiled GEMV (m = 1), the tiled GEMM (m = 24) and the stored paths; those rows
+    checked on their own, where a scale decoded as zero (a flush to zero) gives y = 0."""
+    rng = np.random.default_rng(3 + k)
+    w = rng.standard_normal((48, 4096)).astype(np.float32)
+    w[16:32] *= 2e-6
+    q = kbit.quantize(w, k=k, absmax="e4m4")
+    codes = np.asarray(q.absmax).reshape(48, -1)
+    assert np.all(codes[16:32] >> 4 == 0) and np.any(codes[16:32] > 0), "no subnormal scales"
+    w64 = R.dequantize_kbit(q.packed, q.absmax, k, w.size, None, "e4m4", q.tensor_scale)
+    w64 = w64.astype(np.float64).reshape(w.shape)
+    qg = on_cuda(q)
+    for weight, name in ((kbit.tile(qg), "tiled"), (qg, "stored")):
+        for m, dtype in ((1, "float16"), (24, "bfloat16"), (24, "float16")):
+            x = random_x(rng, (m, 4096), dtype)
+            y = from_cuda(kbit.matmul(cuda_x(x, dtype), weight), dtype)
+            ref = reference(x, w64, None, dtype)
+            for rows in (slice(0, 16), slice(16, 32)):
+                check_accuracy(y[:, rows], ref[:, rows], dtype,
+                               f"K={k} {name} m={m} {dtype} rows {rows.start}..",
+                               magnitude(x, w64[rows], dtype))
 
 
 def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):

@@ -385,6 +385,34 @@ __device__ __forceinline__ void load_segment(uint32_t at, uint32_t (&w)[2 * K]) 
     }
 }
 
+// Lane `lane`'s segment of a run of 32 back-to-back tiled segments in shared memory (a
+// unit: 8K bytes a lane from `unit`), loaded at a stage's offset. K = 4: the lanes'
+// 32-byte segments, loaded as two 16-byte halves, met 2-way bank conflicts in each
+// quarter warp (lanes l and l + 4; ncu: 15% of the streamed GEMV's shared-memory
+// wavefronts, bench/RESULTS.md session 16), so lanes with l / 4 odd load their second half
+// first and selects put the halves back.
+template <int K>
+struct LaneSegment {
+    uint32_t first, second;  // where the lane's first and second loads start
+    bool swap;
+    __device__ __forceinline__ LaneSegment(uint32_t unit, int lane)
+        : swap(K == 4 && ((lane >> 2) & 1)) {
+        const uint32_t at = unit + lane * 8 * K;
+        first = opaque(at + (swap ? 16 : 0));
+        second = K == 4 ? opaque(at + (swap ? 0 : 16)) : 0u;
+    }
+    __device__ __forceinline__ void load(uint32_t stage, uint32_t (&w)[2 * K]) const {
+        if constexpr (K == 4) {
+            const uint4 a = lds_u32x4(first + stage), b = lds_u32x4(second + stage);
+            const uint4 lo = swap ? b : a, hi = swap ? a : b;
+            w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+            w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+        } else {
+            load_segment<K>(first + stage, w);
+        }
+    }
+};
+
 // ---- pair decoders: 8 elements of one row and chunk -> 4 pairs of T ------------------------
 //
 // A staged decoder reads a chunk as stored, from shared memory: pairs(w, t, table, p)

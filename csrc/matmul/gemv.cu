@@ -580,14 +580,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         if constexpr (kQuads) return quad_table(table);
         else return lane_table<copies>(table);
     }();
-    const uint32_t seg_at = opaque(ring_at + warp * St::kUnitW + lane * 8 * K);
-    // K = 4: the lanes' 32-byte segments, loaded as two 16-byte halves, met 2-way bank
-    // conflicts in each quarter warp (lanes l and l + 4; ncu: 15% of the kernel's
-    // shared-memory wavefronts). Lanes with l / 4 odd load their second half first, which
-    // selects put back.
-    const bool swap = K == 4 && ((lane >> 2) & 1);
-    const uint32_t seg_first = opaque(seg_at + (swap ? 16 : 0));
-    const uint32_t seg_second = opaque(seg_at + (swap ? 0 : 16));
+    const LaneSegment<K> seg(ring_at + warp * St::kUnitW, lane);
     const uint32_t sc_at =
         opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
     // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
@@ -620,14 +613,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
         if (left > 0 && g0 + warp < groups) {
             uint32_t w[2 * K];  // the lane's segment
-            if constexpr (K == 4) {
-                const uint4 a = lds_u32x4(seg_first + at), b = lds_u32x4(seg_second + at);
-                const uint4 lo = swap ? b : a, hi = swap ? a : b;
-                w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
-                w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-            } else {
-                load_segment<K>(seg_at + at, w);
-            }
+            seg.load(at, w);
             uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
             load_scales(sc_at + at, sa);
             load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
