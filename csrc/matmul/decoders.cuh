@@ -335,21 +335,40 @@ __device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const
 #if defined(__CUDA_FTZ) && __CUDA_FTZ
 #error "e4m4_times needs float32 subnormals (built with -ftz=true or --use_fast_math)"
 #endif
-__device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
+__device__ __forceinline__ float e4m4_bits(uint32_t s, int v) {  // the value times 2^-116
     const int up = 19 - 8 * v;
-    const uint32_t bits = (up >= 0 ? s << up : s >> -up) & (0xFFu << 19);
-    return __uint_as_float(bits) * 0x1p116f * mul;
+    return __uint_as_float((up >= 0 ? s << up : s >> -up) & (0xFFu << 19));
+}
+__device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
+    return e4m4_bits(s, v) * 0x1p116f * mul;
 }
 
-// Chunk v's scale (v a compile-time constant) of a tiled row's four kSB-byte scales in the
-// words s, times mul.
-template <int kSB, int N>
-__device__ __forceinline__ float tiled_chunk_scale(const uint32_t (&s)[N], int v, float mul) {
-    if constexpr (kSB == 1) return e4m4_times(s[0], v, mul);
-    else if constexpr (kSB == 2)
-        return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * mul;
-    else return __uint_as_float(s[v]) * mul;
-}
+// The tiled GEMVs' chunk scales times `mul` (tensor_scale times the codebook's largest
+// |entry|), one multiply a scale: fp32 and fp16 scales' values times mul, E4M4's float32
+// of the code byte at bit 19 (e4m4_bits) times 2^116 mul, folded once here. Where 2^116
+// mul would overflow, 2^-e of it moves to `out`, which multiplies the sums at the output.
+// Powers of two: each scale is e4m4_times' value times 2^-e exactly (it stays normal:
+// E4M4's smallest value is 2^-14, mul 2^-e at least 2^10), so the sums are bit for bit
+// those of the two multiplies, barring products below float32's normals.
+template <int kSB>
+struct ChunkScales {
+    float mul, out = 1.0f;
+    __device__ explicit ChunkScales(float m) : mul(m) {
+        if constexpr (kSB == 1) {
+            const int e = max(0, ilogbf(m) - 10);  // 2^(116 - e) m < 2^127
+            mul = ldexpf(m, 116 - e), out = ldexpf(1.0f, e);
+        }
+    }
+    // Chunk v's scale (v a compile-time constant) of a tiled row's four kSB-byte scales
+    // in the words s.
+    template <int N>
+    __device__ __forceinline__ float operator()(const uint32_t (&s)[N], int v) const {
+        if constexpr (kSB == 1) return e4m4_bits(s[0], v) * mul;
+        else if constexpr (kSB == 2)
+            return f16_bits_to_f32(static_cast<uint16_t>(s[v / 2] >> (16 * (v % 2)))) * mul;
+        else return __uint_as_float(s[v]) * mul;
+    }
+};
 
 // E4M4 byte i of v (i a compile-time constant) as a pair of T of its value times 2^8 (the
 // wgmma GEMMs' scale pairs), without a table: fp16 by the byte at bit 6 of each half, an

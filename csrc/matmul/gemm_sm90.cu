@@ -1115,9 +1115,8 @@ __device__ __forceinline__ void load_half_segment(uint32_t at, uint32_t (&w)[K])
         for (int i = 0; i < K; ++i) w[i] = lds_u32(at + 4 * i);
     }
 }
-// The lane's field of group r (0..3: row half and chunk of a half segment) of such words:
-// field t of the group (4 fields of 2K bits a group). `sel` is the lane's 0x4440 + t for
-// K = 4 (one byte permute); other K take words pre-shifted by 2K t (shift_half).
+// A half segment's words shifted right by 2K t (K != 4): field t of each group moves to
+// the group's field 0.
 template <int K>
 __device__ __forceinline__ void shift_half(uint32_t (&w)[K], uint32_t shift) {
     if constexpr (K != 4) {
@@ -1125,10 +1124,15 @@ __device__ __forceinline__ void shift_half(uint32_t (&w)[K], uint32_t shift) {
         for (int i = 0; i < K; ++i) w[i] = i + 1 < K ? __funnelshift_r(w[i], w[i + 1], shift) : w[i] >> shift;
     }
 }
-template <int K>
-__device__ __forceinline__ uint32_t gathered_field(const uint32_t (&w)[K], int r, uint32_t sel) {
-    if constexpr (K == 4) return __byte_perm(w[r], 0u, sel);
-    else return segment_field<K>(w, 4 * r);
+// The table entry of the lane's field of group r (0..3: row half and chunk of a half
+// segment) of such words: field t of the group (4 fields of 2K bits a group). `sel` is the
+// lane's 0x4440 + t for K = 4 (one byte permute and a multiply-add); other K take words
+// pre-shifted by 2K t (shift_half), then one shift and the table's LOP3 (field_entry).
+template <int K, int kCopies>
+__device__ __forceinline__ uint32_t gathered_entry(const uint32_t (&w)[K], int r, uint32_t sel,
+                                                   const LaneTable<kCopies> &table) {
+    if constexpr (K == 4) return table[__byte_perm(w[r], 0u, sel)];
+    else return field_entry<K>(w, 4 * r, table);
 }
 
 // The work items of a persistent GEMM, gridDim.x apart: tiles [0, whole) whole, then
@@ -1342,8 +1346,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
                             const uint32_t(&seg)[K] = w[2 * st + e];
-                            ab[st][2 * e] = hmul2<T>(my_table[gathered_field<K>(seg, 2 * u, sel)], fa);
-                            ab[st][2 * e + 1] = hmul2<T>(my_table[gathered_field<K>(seg, 2 * u + 1, sel)], fc);
+                            ab[st][2 * e] = hmul2<T>(gathered_entry<K>(seg, 2 * u, sel, my_table), fa);
+                            ab[st][2 * e + 1] = hmul2<T>(gathered_entry<K>(seg, 2 * u + 1, sel, my_table), fc);
                         }
                     wgmma_fence();
 #pragma unroll

@@ -455,15 +455,18 @@ struct Sums {
     float v[NT][4] = {};
 };
 
-// A row tile's last stage: the consumer warps' sums of each n8 tile meet, y; the sums
-// start again from zero.
+// A row tile's last stage: the consumer warps' sums of each n8 tile, times out, meet, y;
+// the sums start again from zero.
 template <class T, int NT>
-__device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, int64_t r0, int64_t m0, int64_t m,
-                                                  int64_t n_out, const typename T::storage *bias,
+__device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, float out, int64_t r0, int64_t m0,
+                                                  int64_t m, int64_t n_out,
+                                                  const typename T::storage *bias,
                                                   typename T::storage *y) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         if (nt > 0) consumers_sync();  // store_tile's shared partial sums are reused
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc.v[nt][i] *= out;
         store_tile<T, kStreamWarps>(acc.v[nt], r0, m0 + 8 * nt, m, n_out, bias, y, ConsumersSync{});
     }
     acc = Sums<NT>{};
@@ -473,14 +476,14 @@ __device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, int64_t r0, int
 // The consumer warps' walk over a CTA's stages: each stage waited for, body(at, g0) (its
 // slot's shared offset, which carries the wait's zero, and its first unit of the row of
 // `groups` units, kStreamWarps a stage), released by every lane (each its own reads);
-// after a row tile's last stage its sums go to y.
+// after a row tile's last stage its sums, times out, go to y.
 template <class T, int NT, class Body>
 __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int groups,
                                                uint32_t full_at, uint32_t empty_at,
                                                int ring_stages, int stage_bytes, int64_t m,
                                                int64_t n_out, const typename T::storage *bias,
                                                typename T::storage *y, Sums<NT> &acc,
-                                               Body &&body) {
+                                               float out, Body &&body) {
     RingSlot c;
     int g0 = 0;
     int64_t tile = walk.first;
@@ -490,7 +493,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
         c.next(ring_stages, stage_bytes);
         if ((g0 += kStreamWarps) < groups) continue;
         g0 = 0;
-        store_stream_tile<T>(acc, tile * kTileRows, 0, m, n_out, bias, y);
+        store_stream_tile<T>(acc, out, tile * kTileRows, 0, m, n_out, bias, y);
         ++tile;
     }
 }
@@ -569,7 +572,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     float book;
     if constexpr (kQuads) book = fill_quad_table<Dec>(table, codebook, K);
     else book = fill_pair_table<Dec>(table, codebook, K);
-    const float scale_mul = ts * book;
+    const ChunkScales<kSB> scale(ts * book);
     if (producer) {
         if (lane == 0) produce(stages);
         return;
@@ -608,7 +611,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
     Sums<1> acc;
     consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
-                      acc, [&](uint32_t at, int g0) {
+                      acc, scale.out, [&](uint32_t at, int g0) {
         // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
         const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
         if (left > 0 && g0 + warp < groups) {
@@ -620,8 +623,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             auto one = [&](int v) {  // chunk v of the unit
                 uint32_t pa[4], pb[4];
                 chunk_pairs<K>(w, v, my_table, pa, pb);
-                const float fa = tiled_chunk_scale<kSB>(sa, v, scale_mul);
-                const float fb = tiled_chunk_scale<kSB>(sb, v, scale_mul);
+                const float fa = scale(sa, v), fb = scale(sb, v);
                 const uint4 xv =
                     lds_u32x4((rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
                 chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
@@ -673,7 +675,7 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    const float scale_mul = ts * fill_pair_table<Dec>(table, codebook, K);
+    const ChunkScales<kSB> scale(ts * fill_pair_table<Dec>(table, codebook, K));
 
     const int64_t chunks = k_in / kChunk, groups = (chunks + 3) / 4;
     const int64_t tile = blockIdx.x, r0 = tile * kTileRows;
@@ -735,8 +737,7 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
         auto one = [&](int u) {
             uint32_t pa[4], pb[4];
             chunk_pairs<K>(G.w, u, my_table, pa, pb);
-            const float sa = tiled_chunk_scale<kSB>(G.s[0], u, scale_mul);
-            const float sb = tiled_chunk_scale<kSB>(G.s[1], u, scale_mul);
+            const float sa = scale(G.s[0], u), sb = scale(G.s[1], u);
 #pragma unroll
             for (int n = 0; n < NT; ++n) chunk_mma<T>(pa, pb, G.x[n][u], sa, sb, acc[n]);
         };
@@ -763,6 +764,8 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         if (n > 0) __syncthreads();  // store_tile's shared partials are reused
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[n][i] *= scale.out;
         store_tile<T>(acc[n], r0, m0 + 8 * n, m, n_out, bias, y);
     }
 }
