@@ -198,6 +198,22 @@ def test_tiled_gemm_wide(rng, m):
     assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_tiled_gemm_decoders(rng, k):
+    """The tiled GEMM's other decoders: K = 2's quad table (m = 20: 32 rows of x a CTA)
+    and pair table (m = 40: 64 rows), K = 3 and 5's half segments in 8-byte loads."""
+    torch = _torch()
+    w = torch.randn(300, 512, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=k))
+    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
+    for m in (20, 40):
+        a = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+        y = kbit.matmul(a, t)
+        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                           atol=2e-2 * np.abs(ref).max()), m
+
+
 def test_tile_untile(rng):
     _, weights = _weights(rng)
     back = kbit.untile(weights["tiled"])

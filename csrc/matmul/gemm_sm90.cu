@@ -1076,9 +1076,14 @@ struct TiledGemmConfig {
     static constexpr int kAlignW = Src::kSwizzled ? 1024 : 128;  // (a swizzled box: its pattern's)
     static constexpr int kW = (Src::kWBytes + Src::kSBytes + kAlignW - 1) / kAlignW * kAlignW;  // a W stage
     // x halves in flight, and W stages enough for them and one more
+    // K = 2 through the quad table where x's halves are small (BN <= 32), so that its
+    // 32 KB leave the x ring whole
+    static constexpr bool kQuads = Dec::kK == 2 && BN <= 32;
+    static constexpr int table_for(int copies) {
+        return kQuads ? QuadTable::kBytes : 4 * Dec::kEntries * copies;
+    }
     static constexpr int bytes_for(int copies, int x_ring) {
-        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + 4 * Dec::kEntries * copies +
-               epi_bytes(BN);
+        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + table_for(copies) + epi_bytes(BN);
     }
     static constexpr int kBudget = (kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024) - kStatic;
     static constexpr int ring(int copies) {
@@ -1091,6 +1096,7 @@ struct TiledGemmConfig {
     static constexpr int kXRing = ring(kCopies);
     static constexpr int kWRing = kXRing / 2 + 1;
     static constexpr bool kBuilt = kXRing >= 4 && bytes_for(kCopies, kXRing) <= kBudget;
+    static constexpr int kTable = table_for(kCopies);
     static constexpr int bytes() { return bytes_for(kCopies, kXRing); }
 };
 
@@ -1101,18 +1107,33 @@ struct ConsumerSync {
     }
 };
 
-// Half h of a tiled lane segment (4K bytes from byte 4K h): the fields of chunks 2h, 2h + 1.
+// Half h of a tiled lane segment (4K bytes from byte 4K h, at `at`; segments on 8K bytes,
+// h a compile-time constant): the fields of chunks 2h, 2h + 1, in the widest loads its
+// alignment allows.
 template <int K>
-__device__ __forceinline__ void load_half_segment(uint32_t at, uint32_t (&w)[K]) {
+__device__ __forceinline__ void load_half_segment(uint32_t at, int h, uint32_t (&w)[K]) {
     if constexpr (K == 4) {
         const uint4 v = lds_u32x4(at);
         w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else if constexpr (K == 2) {
         const uint2 v = lds_u32x2(at);
         w[0] = v.x, w[1] = v.y;
-    } else {
+    } else {  // K = 3, 5: segments on 8 bytes, halves of 12 or 20 bytes
+        static_assert(K % 2 == 1, "K = 3 or 5");
+        auto pairs_from = [&](int first) {  // words first .. first + K - 2, 8 bytes a load
 #pragma unroll
-        for (int i = 0; i < K; ++i) w[i] = lds_u32(at + 4 * i);
+            for (int i = 0; i + 1 < K; i += 2) {
+                const uint2 v = lds_u32x2(at + 4 * (first + i));
+                w[first + i] = v.x, w[first + i + 1] = v.y;
+            }
+        };
+        if (h == 0) {
+            pairs_from(0);
+            w[K - 1] = lds_u32(at + 4 * (K - 1));
+        } else {  // 4 bytes off 8: one word first
+            w[0] = lds_u32(at);
+            pairs_from(1);
+        }
     }
 }
 // A half segment's words shifted right by 2K t (K != 4): field t of each group moves to
@@ -1267,7 +1288,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         xr.init(kThreads90), wr.init(kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
+    float out_mul;
+    if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec>(table, codebook, k));
+    else out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
 
     // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
     // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024;
@@ -1285,6 +1308,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const auto my_table = lane_table<C::kCopies>(table);
+    [[maybe_unused]] const QuadTable quads = quad_table(table);
     const int g = lane >> 2, t = lane & 3;
     // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: a load's
     // 16-byte unit XORed with its 128-byte line's index, the same for all of a lane's
@@ -1295,7 +1319,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const uint32_t s_at = pinned(w_at + src.s_offset(warp, g));
     const uint32_t sel = pinned(K == 4 ? 0x4440u | t : static_cast<uint32_t>(2 * K * t));
     // y through the staging buffer after the table where the stores can be 16 bytes
-    const uint32_t staging = smem_address(table) + 4 * Dec::kEntries * C::kCopies;
+    const uint32_t staging = smem_address(table) + C::kTable;
     const bool staged_y =
         staged_epilogue(BN) && n_out % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
 
@@ -1327,7 +1351,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) {
                     const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
-                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at,
+                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at, h,
                                          w[sq]);
                 }
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
@@ -1346,8 +1370,19 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
                             const uint32_t(&seg)[K] = w[2 * st + e];
-                            ab[st][2 * e] = hmul2<T>(gathered_entry<K>(seg, 2 * u, sel, my_table), fa);
-                            ab[st][2 * e + 1] = hmul2<T>(gathered_entry<K>(seg, 2 * u + 1, sel, my_table), fc);
+                            uint32_t pg, pg8;  // rows g and g + 8
+                            if constexpr (C::kQuads) {
+                                // groups 2u and 2u + 1 at bits 0 and 16 of word u: one byte
+                                // of two pair indices, row g's low, one load of both entries
+                                const uint32_t x = seg[u] & 0x000F000Fu;
+                                const uint2 q = quads(x + (x >> 12), 0);
+                                pg = q.x, pg8 = q.y;
+                            } else {
+                                pg = gathered_entry<K>(seg, 2 * u, sel, my_table);
+                                pg8 = gathered_entry<K>(seg, 2 * u + 1, sel, my_table);
+                            }
+                            ab[st][2 * e] = hmul2<T>(pg, fa);
+                            ab[st][2 * e + 1] = hmul2<T>(pg8, fc);
                         }
                     wgmma_fence();
 #pragma unroll
