@@ -1075,13 +1075,13 @@ struct TiledGemmConfig {
     static constexpr int kX = BN * kRowBytes;  // an x half (a multiple of 1024 bytes)
     static constexpr int kAlignW = Src::kSwizzled ? 1024 : 128;  // (a swizzled box: its pattern's)
     static constexpr int kW = (Src::kWBytes + Src::kSBytes + kAlignW - 1) / kAlignW * kAlignW;  // a W stage
-    // x halves in flight, and W stages enough for them and one more
     // K = 2 through the quad table where x's halves are small (BN <= 32), so that its
     // 32 KB leave the x ring whole
     static constexpr bool kQuads = Dec::kK == 2 && BN <= 32;
     static constexpr int table_for(int copies) {
         return kQuads ? QuadTable::kBytes : 4 * Dec::kEntries * copies;
     }
+    // x halves in flight, and W stages enough for them and one more
     static constexpr int bytes_for(int copies, int x_ring) {
         return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + table_for(copies) + epi_bytes(BN);
     }
@@ -1092,6 +1092,8 @@ struct TiledGemmConfig {
         return r;
     }
     static constexpr int kFull = table_copies<Dec::kEntries>();
+    // (K = 5 at N = 16 with half the copies, its x ring eight halves instead of four:
+    // measured 16-17% slower on the large weights, bench/RESULTS.md session 17.)
     static constexpr int kCopies = ring(kFull) >= 4 ? kFull : kFull / 2;
     static constexpr int kXRing = ring(kCopies);
     static constexpr int kWRing = kXRing / 2 + 1;
