@@ -108,7 +108,15 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t r0, in
 // [W: 16 rows x row bytes][scales: 16 rows x 16 bytes][x: m_rows x kXRow bytes].
 constexpr int kStages = 3;        // slots per warp: kStages - 1 stages in flight
 constexpr int kStageChunks = 4;   // chunks per row and stage
-constexpr int kXRow = kStageChunks * kChunk * 2 + 16;  // one x row of a stage, padded
+// A row of x in shared memory (row_bytes of it), padded so that the rows a shared-memory
+// phase reads lie in distinct banks: lane (g, t) reads row g, four lanes a row `read`
+// bytes each (16: two rows a quarter warp; 8: four rows a half warp), so consecutive rows
+// start 4 `read` bytes apart modulo 128. (With 16 bytes of padding, as before session 17,
+// the two rows of a quarter warp's 16-byte reads met in 3 of their 4 bank groups.)
+__host__ __device__ constexpr int64_t x_row_stride(int64_t row_bytes, int read) {
+    return (row_bytes + 127) / 128 * 128 + 4 * read;
+}
+constexpr int kXRow = static_cast<int>(x_row_stride(kStageChunks * kChunk * 2, 16));  // a stage's
 template <class Dec>
 constexpr int w_row_bytes() { return (kStageChunks * Dec::kChunkBytes + 15) / 16 * 16; }
 template <class Dec>
@@ -340,7 +348,7 @@ struct StreamStage {
     static constexpr int kXUnit = tiled::kGroupChunks * kChunk * 2;  // x bytes of a unit, a row
     static constexpr int kScales = kUnits * kUnitW;                  // offsets in a stage
     static constexpr int kX = kScales + kUnits * kUnitS;
-    static constexpr int kXRow = kUnits * kXUnit + 16;  // + 16: rows g and g+1 in other banks
+    static constexpr int kXRow = static_cast<int>(x_row_stride(kUnits * kXUnit, 16));
     static __host__ __device__ constexpr int bytes(int x_rows) { return kX + x_rows * kXRow; }
 };
 
@@ -368,11 +376,8 @@ struct ConsumersSync {
 // 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
 // to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at
-// `stride` bytes (k_in * 2 + 16) from the start of the dynamic shared memory after the
-// pair table, the ring after them. (A review found that 16 bytes of padding leave the x
-// reads of two rows 2-way bank conflicts at m >= 2, as in the stages' x rows: 32 bytes
-// (GGUF's 8-byte reads) or 64 (the tiled kernel's 16-byte ones) would avoid them. Not
-// yet measured.)
+// `stride` bytes (x_row_stride of k_in * 2 for the kernel's x reads of `read` bytes) from
+// the start of the dynamic shared memory after the pair table, the ring after them.
 // The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
 // stages beside them and a CTA has kResidentTilesLarge row tiles or more (H100, session 16:
 // 28672x8192, 13.6 tiles a CTA, m = 5..8 12-26% faster).
@@ -381,9 +386,9 @@ constexpr int kResidentXTiled = 136 * 1024;
 constexpr int kResidentMinRing = 4;
 constexpr int kResidentTiles = 3;
 constexpr int kResidentTilesLarge = 8;
-inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas,
+inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas, int read,
                              int limit = kResidentX) {
-    const int64_t stride = k_in * 2 + 16, tiles = blocks_of(n_out, kTileRows);
+    const int64_t stride = x_row_stride(k_in * 2, read), tiles = blocks_of(n_out, kTileRows);
     // past kResidentX only where a CTA reads x kResidentTilesLarge times or more: x must
     // arrive before the first stage (8192x28672, 3.9 tiles a CTA, m = 2: 115 KB, 1-3% slower)
     const int reuse = x_rows * stride > kResidentX ? kResidentTilesLarge : kResidentTiles;
@@ -779,19 +784,20 @@ inline int stream_stages(int before, int stage_bytes) {  // before: bytes ahead 
 // A streamed GEMV's launch: a CTA an SM (no more than the row tiles); x's `rows` held for
 // the whole kernel where resident_x_stride allows (and may_reside), else `slot_rows` of
 // them copied with each stage; as many ring stages of stage_bytes(x rows a slot) as fit
-// after the `table` bytes and resident x. Run it where ring >= 2.
+// after the `table` bytes and resident x. x_read: the bytes a lane reads of x at a time
+// (x_row_stride). Run it where ring >= 2.
 struct StreamLaunch {
     int ctas = 0, x_stride = 0, before = 0, stage = 0, ring = 0;
     int smem() const { return before + ring * stage; }
 };
 template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
-                          int table, StageBytes &&stage_bytes, StreamLaunch &l,
+                          int x_read, int table, StageBytes &&stage_bytes, StreamLaunch &l,
                           int resident_limit = kResidentX) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
     if (err != cudaSuccess) return err;
     auto plan = [&](int limit) {
-        l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas, limit) : 0;
+        l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas, x_read, limit) : 0;
         l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
         l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
         l.ring = stream_stages(l.before, l.stage);
@@ -1152,7 +1158,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
                         auto plan = [&](int table) {
-                            return stream_launch(n_out, k_in, rows, rows, true, table,
+                            return stream_launch(n_out, k_in, rows, rows, true, 16, table,
                                                  StreamStage<K, F>::bytes, l, kResidentXTiled);
                         };
                         err = plan(stream_table_bytes<T, K, F, false>());
@@ -1318,7 +1324,7 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
     StreamLaunch l;  // x held for the whole kernel with one n8 tile only
-    err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 0,
+    err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,
                         gguf_stream::Stage<Fmt, 1>::bytes, l);
     if (err != cudaSuccess) return true;
     int sms = 0;  // a CTA an SM

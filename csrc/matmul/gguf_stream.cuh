@@ -34,9 +34,9 @@ static_assert(kUnitK == 4 * kChunk, "a unit is four chunks");
 // A stage of kR row tiles is kStageK / kR elements of k of each, and one copy of x for
 // them all: x's bytes a weight byte fall by kR (m >= 2, where x comes with the stages:
 // at m = 16 and kR = 1 x is three quarters of a stage's bytes). A stage's row of x,
-// padded (see ResidentX):
+// padded for the lanes' 8-byte reads (x_row_stride):
 template <int kR>
-constexpr int x_stride() { return kStageK / kR * 2 + 16; }
+constexpr int x_stride() { return static_cast<int>(x_row_stride(kStageK / kR * 2, 8)); }
 
 // The arguments below that pick bytes are constants once the callers' loops unroll, so
 // each is one byte permute with an immediate selector.
