@@ -513,8 +513,7 @@ KBIT_API kbit_status kbit_gguf_to_kbit_host(int ggml_type, const void *blocks, i
  *    cores with W's codebook values rounded to x's type; on compute capability 9.0 from
  *    m = 17 rows (the wgmma GEMMs; from m = 9 for weights of 8192 rows or more, or stored
  *    ones of 2^25 elements or more, and from m = 8 for stored kbit with K >= 4 and NF4 /
- *    FP4 of 8192 rows or more and tiled K = 4 of 8192 rows and 2^27 elements or more,
- *    that the streamed one reads: tiled kbit, stored kbit
+ *    FP4 of 8192 rows or more, that the streamed one reads: tiled kbit, stored kbit
  *    whose rows of codes and scales are multiples of 16 bytes, NF4 / FP4 with k_in /
  *    blocksize a multiple of 4, arrays on 16 bytes) each weight's codebook value times its
  *    block scale is rounded once to x's type

@@ -456,7 +456,7 @@ def test_gpu_tiled_gemm_items_and_long_rows(rng, k):
 def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
     """m = 33..64 on a weight of 2^27 elements (8192 x 16384), where the tiled GEMM on
     sm_90 runs two CTAs an SM at N = 64 (smaller weights: one), split k, fp16 and bf16 x,
-    with bias, and (K = 4) m = 8, which the tiled GEMM takes on such weights; everything
+    with bias, and m = 9, the tiled GEMM's smallest there (N = 16); everything
     made on the GPU, against x times the dequantized W in float32 (kbit.dequantize: exact
     per format)."""
     import torch
@@ -466,7 +466,7 @@ def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
     del w
     w32 = kbit.dequantize(q, dtype="float32")
     t = kbit.tile(q)
-    for m, dtype in ((64, torch.float16), (40, torch.bfloat16), (8, torch.float16)):
+    for m, dtype in ((64, torch.float16), (40, torch.bfloat16), (9, torch.float16)):
         x = torch.randn(m, 16384, device="cuda", generator=g).to(dtype)
         bias = torch.randn(8192, device="cuda", generator=g).to(dtype)
         y = kbit.matmul(x, t, bias).float()

@@ -217,18 +217,16 @@ inline int stream90_bm(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 // 170 against 125 / 133; K = 5 183 / 204 against 165 / 165); at m = 5..7, at K = 2 and 3
 // (14336x4096 K = 3: 41 against 47) and on 4096 rows (4096x14336 NF4: 40 against 46) it
 // measured as fast or faster.
-// Tiled K = 4 (kbit, NF4 / FP4 and Q4_0 tiled) of kStream90MinRows rows and
-// kTiled90M8Weights weights or more from m = 8 too: the streamed GEMV's x stops residing in
-// shared memory from m = 5 there, and at m = 8 it measured slower than the tiled GEMM at
-// m = 16 (H100, session 16: 28672x8192 78 against 64 us, 8192x28672 68 against 64; K = 2,
-// 3 and 5 and 14336x4096 faster on the GEMV).
+// Tiled weights keep the streamed GEMV to m = 8 (session 16 took tiled K = 4 of 2^27
+// weights to the tiled GEMM from m = 8; once the GEMV's x rows were read without bank
+// conflicts and held resident to 136 KB, it measured as fast or up to 3% faster there:
+// H100, session 17, 28672x8192 / 8192x28672 kbit4 tiled m = 8 62.9 / 62.1 against 64.7 /
+// 64.1 us).
 constexpr int64_t kStream90MinRows = 8192;
 constexpr int64_t kStream90MinWeights = int64_t{1} << 25;
 constexpr int64_t kStream90StoredMinM = 8;
-constexpr int64_t kTiled90M8Weights = int64_t{1} << 27;
 inline int64_t stream90_min_m(int64_t n_out, int64_t k_in, bool tiled, int k = 4) {
     const bool rows = n_out >= kStream90MinRows;
-    if (tiled && rows && k == 4 && n_out * k_in >= kTiled90M8Weights) return kStream90StoredMinM;
     if (!rows && (tiled || n_out * k_in < kStream90MinWeights)) return kGemm90MinM;
     return !tiled && rows && k >= 4 ? kStream90StoredMinM : kGemmMinM;
 }
