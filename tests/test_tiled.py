@@ -323,6 +323,26 @@ def test_gpu_streamed_gemv_shapes(rng, k):
 
 
 @requires_gpu
+def test_gpu_streamed_quads_with_resident_x():
+    """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
+    three or more a CTA on up to 138 SMs; 32 stages a CTA), m = 1 and 2 (32 and 64 KB of
+    x); made on the GPU, against x times the dequantized W in float32."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(6656, 16384, device="cuda", generator=gen)
+    q = kbit.quantize(w, k=2)
+    del w
+    w32 = kbit.dequantize(q, dtype="float32")
+    t = kbit.tile(q)
+    for m in (1, 2):
+        x = torch.randn(m, 16384, device="cuda", generator=gen).half()
+        y = kbit.matmul(x, t).float()
+        ref = x.float() @ w32.T
+        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+        assert err <= TOL["float16"], f"6656x16384 m={m}: relative error {err:.3g}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", [2, 4])
 def test_gpu_e4m4_subnormal_scales(k):
     """E4M4 scales below 2^-10 (e = 0, E4M4's subnormals), which the kernels decode by bit
@@ -375,6 +395,31 @@ def test_gpu_e4m4_large_tensor_scale(k):
                 check_accuracy(y, reference(x, w64, None, dtype), dtype,
                                f"K={k} {name} tensor_scale={tensor_scale} m={m}",
                                magnitude(x, w64, dtype))
+
+
+@requires_gpu
+def test_gpu_e4m4_tensor_scale_product_underflows():
+    """tensor_scale 2^-149 (finite and positive, so accepted) with a codebook whose largest
+    |entry| is 0.5: the kernels' factor tensor_scale times the book rounds to 0, and y must
+    be the bias, finite (a scale factor taken from the exponent of 0 once gave 0 times inf,
+    NaN), through the streamed GEMV (m = 1), m = 12 and the GEMM (m = 24)."""
+    import torch
+    rng = np.random.default_rng(9)
+    k = 4
+    cb = (kbit.codebook("normal", k) * 0.5).astype(np.float32)
+    w = rng.standard_normal((48, 512)).astype(np.float32)
+    q = kbit.quantize(w, k=k, absmax="e4m4", codebook=cb)
+    tiny = 2.0 ** -149
+    qt = kbit.QuantizedTensor(q.packed, q.absmax, k, q.shape, q.dtype, "e4m4", tiny, cb)
+    w64 = R.dequantize_kbit(q.packed, q.absmax, k, w.size, cb, "e4m4", tiny)
+    w64 = w64.astype(np.float64).reshape(w.shape)
+    t = kbit.tile(on_cuda(qt))
+    torch.cuda.synchronize()
+    for m in (1, 12, 24):
+        x = random_x(rng, (m, 512), "float16")
+        bias = random_x(rng, (48,), "float16")
+        y = from_cuda(kbit.matmul(cuda_x(x, "float16"), t, cuda_x(bias, "float16")), "float16")
+        check_accuracy(y, reference(x, w64, bias, "float16"), "float16", f"m={m}")
 
 
 def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):

@@ -346,17 +346,21 @@ __device__ __forceinline__ float e4m4_times(uint32_t s, int v, float mul) {
 // The tiled GEMVs' chunk scales times `mul` (tensor_scale times the codebook's largest
 // |entry|), one multiply a scale: fp32 and fp16 scales' values times mul, E4M4's float32
 // of the code byte at bit 19 (e4m4_bits) times 2^116 mul, folded once here. Where 2^116
-// mul would overflow, 2^-e of it moves to `out`, which multiplies the sums at the output.
-// Powers of two: each scale is e4m4_times' value times 2^-e exactly (it stays normal:
-// E4M4's smallest value is 2^-14, mul 2^-e at least 2^10), so the sums are bit for bit
-// those of the two multiplies, barring products below float32's normals.
+// mul would overflow (mul >= 2^11), 2^e of it moves to `out`, which multiplies the sums
+// at the output. Powers of two: each scale is e4m4_times' value times 2^-e exactly (it
+// stays normal: E4M4's smallest value is 2^-14, mul 2^-e at least 2^10), so the sums are
+// bit for bit those of the two multiplies, barring products below float32's normals (and
+// where mul >= ~2^123 made e4m4_times' product overflow, they stay finite). From mul's
+// exponent bits: 0, subnormal, inf and NaN mul need no special case.
 template <int kSB>
 struct ChunkScales {
     float mul, out = 1.0f;
     __device__ explicit ChunkScales(float m) : mul(m) {
         if constexpr (kSB == 1) {
-            const int e = max(0, ilogbf(m) - 10);  // 2^(116 - e) m < 2^127
-            mul = ldexpf(m, 116 - e), out = ldexpf(1.0f, e);
+            const int biased = static_cast<int>((__float_as_uint(m) >> 23) & 0xFFu);
+            const int e = max(0, biased - 137);  // mul in [2^(e + 10), 2^(e + 11)) where e > 0
+            mul = m * __uint_as_float(static_cast<uint32_t>(243 - e) << 23);  // 2^(116 - e)
+            out = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);      // 2^e
         }
     }
     // Chunk v's scale (v a compile-time constant) of a tiled row's four kSB-byte scales
@@ -611,6 +615,16 @@ struct FloatDirect {
         for (int i = 0; i < 4; ++i) p[i] = pack2(T{}, r.v[2 * i], r.v[2 * i + 1]);
     }
 };
+
+// A row of x in shared memory (row_bytes of it), padded so that the rows a shared-memory
+// phase reads lie in distinct banks: lane (g, t) reads row g, four lanes a row `read`
+// bytes each (16: two rows a quarter warp; 8: four rows a half warp), so consecutive rows
+// start 4 `read` bytes apart modulo 128 (the streamed GEMVs; with 16 bytes of padding, as
+// before session 17, the two rows of a quarter warp's 16-byte reads met in 3 of their 4
+// bank groups: bench/RESULTS.md).
+__host__ __device__ constexpr int64_t x_row_stride(int64_t row_bytes, int read) {
+    return (row_bytes + 127) / 128 * 128 + 4 * read;
+}
 
 // The factor a codebook's pair entries are divided by (its largest |entry|, 1 if all are
 // zero, or for the fixed NF4/FP4 tables), returned after fill(entry) wrote the table from

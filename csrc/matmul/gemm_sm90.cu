@@ -1109,11 +1109,10 @@ struct ConsumerSync {
     }
 };
 
-// Half h of a tiled lane segment (4K bytes from byte 4K h, at `at`; segments on 8K bytes,
-// h a compile-time constant): the fields of chunks 2h, 2h + 1, in the widest loads its
-// alignment allows.
-template <int K>
-__device__ __forceinline__ void load_half_segment(uint32_t at, int h, uint32_t (&w)[K]) {
+// Half H of a tiled lane segment (4K bytes from byte 4K H, at `at`; segments on 8K bytes):
+// the fields of chunks 2H, 2H + 1, in the widest loads its alignment allows.
+template <int K, int H>
+__device__ __forceinline__ void load_half_segment(uint32_t at, uint32_t (&w)[K]) {
     if constexpr (K == 4) {
         const uint4 v = lds_u32x4(at);
         w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
@@ -1129,7 +1128,7 @@ __device__ __forceinline__ void load_half_segment(uint32_t at, int h, uint32_t (
                 w[first + i] = v.x, w[first + i + 1] = v.y;
             }
         };
-        if (h == 0) {
+        if constexpr (H == 0) {
             pairs_from(0);
             w[K - 1] = lds_u32(at + 4 * (K - 1));
         } else {  // 4 bytes off 8: one word first
@@ -1310,7 +1309,10 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const auto my_table = lane_table<C::kCopies>(table);
-    [[maybe_unused]] const QuadTable quads = quad_table(table);
+    [[maybe_unused]] const QuadTable quads = [&] {  // (its lane offset is opaque: only where used)
+        if constexpr (C::kQuads) return quad_table(table);
+        else return QuadTable{};
+    }();
     const int g = lane >> 2, t = lane & 3;
     // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: a load's
     // 16-byte unit XORed with its 128-byte line's index, the same for all of a lane's
@@ -1353,8 +1355,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) {
                     const int at = sq * 8 * K + h * 4 * K;  // of the half in the g's segments
-                    load_half_segment<K>(Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at, h,
-                                         w[sq]);
+                    const uint32_t a = Src::kSwizzled ? seg_base ^ lx ^ at : seg_base + at;
+                    if (h == 0) load_half_segment<K, 0>(a, w[sq]);
+                    else load_half_segment<K, 1>(a, w[sq]);
                 }
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
