@@ -8,7 +8,7 @@ namespace kbit {
 namespace {
 // A device attribute of the current device, read once per device and slot.
 cudaError_t cached_attribute(int slot, cudaDeviceAttr attr, int *value) {
-    constexpr int kMaxDevices = 64, kSlots = 2;
+    constexpr int kMaxDevices = 64, kSlots = 3;
     static std::atomic<int> cache[kSlots][kMaxDevices];  // 0 = not read yet
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -35,6 +35,14 @@ cudaError_t sm_count(int *count) {
 
 cudaError_t compute_major(int *major) {
     return cached_attribute(1, cudaDevAttrComputeCapabilityMajor, major);
+}
+
+cudaError_t smem_optin(int *bytes) {
+    const cudaError_t err = cached_attribute(2, cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes);
+#ifdef KBIT_TEST_SMEM_OPTIN
+    if (err == cudaSuccess && *bytes > KBIT_TEST_SMEM_OPTIN) *bytes = KBIT_TEST_SMEM_OPTIN;
+#endif
+    return err;
 }
 
 }  // namespace kbit

@@ -28,6 +28,10 @@ inline kbit_status cuda_status(cudaError_t err, const char *what) {
 cudaError_t sm_count(int *count);
 // The current device's compute capability major number (cached per device too).
 cudaError_t compute_major(int *major);
+// The shared memory a block of the current device may opt in to (cached per device; 227 KB
+// on sm_90, 163 KB on sm_80, 99 KB on sm_86 / 89). A build with KBIT_TEST_SMEM_OPTIN
+// defined caps it there, so that an H100 runs the launchers' paths for smaller GPUs.
+cudaError_t smem_optin(int *bytes);
 // The current device's range flag (kbit_get_range_flag; csrc/quant/kbit.cu): a GPU entry
 // that cannot return KBIT_ERROR_RANGE without synchronising raises it (atomicOr 1).
 cudaError_t device_range_flag(unsigned int **flag);

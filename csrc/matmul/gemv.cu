@@ -859,28 +859,63 @@ cudaError_t launch_staged_nt(const Dec &dec, const float *codebook, int k, const
     return launch_error();
 }
 
-// 8 rows of x a pass, or 16 (two n8 tiles on one decode) from m = 9.
+// The rows of x a staged CTA takes where the device's shared memory holds its slots: 16
+// (two n8 tiles on one decode) from m = 9, else up to 8; fewer where the slots for them do
+// not fit (sm_80's 163 KB: K = 4 and NF4 / FP4 at m = 16, K = 5 from m = 10; sm_86 / 89's
+// 99 KB: K = 2 from m = 12, K = 3 from 10, K = 4 from 6, K = 5 at every m); 0 where not
+// even one row fits (the caller takes the generic kernel). kStagedStatic: at least the
+// kernel's static shared memory (store_tile's partial sums, 4 KB).
+constexpr int kStagedStatic = 8 * 1024;
+template <class Dec>
+cudaError_t staged_rows(int64_t m, int *rows) {
+    int limit = 0;
+    const cudaError_t err = smem_optin(&limit);
+    if (err != cudaSuccess) return err;
+    auto fits = [&](int r) { return staged_smem<Dec>(r) + kStagedStatic <= limit; };
+    if (m > kMaxM && fits(2 * kMaxM)) {
+        *rows = 2 * kMaxM;
+        return cudaSuccess;
+    }
+    int r = static_cast<int>(m < kMaxM ? m : kMaxM);
+    while (r > 0 && !fits(r)) --r;
+    *rows = r;
+    return cudaSuccess;
+}
+
+// `rows` (staged_rows) of x a CTA: 16 with two n8 tiles, up to 8 with one, the grid's
+// blocks of them over m; below 8 where m has more, passes of `rows` rows, each a launch of
+// its own reading W again.
 template <class T, class Dec, int kWUnit>
 cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
-                          int64_t k_in, int64_t n_out, const void *bias, void *y,
+                          int64_t k_in, int64_t n_out, const void *bias, void *y, int rows,
                           cudaStream_t stream) {
-    if (m > kMaxM)
+    if (rows > kMaxM)
         return launch_staged_nt<T, Dec, kWUnit, 2>(dec, codebook, k, x, m, k_in, n_out, bias, y,
                                                    stream);
-    return launch_staged_nt<T, Dec, kWUnit, 1>(dec, codebook, k, x, m, k_in, n_out, bias, y,
-                                               stream);
+    if (rows >= kMaxM || rows >= m)
+        return launch_staged_nt<T, Dec, kWUnit, 1>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                                   stream);
+    using S = typename T::storage;
+    for (int64_t i = 0; i < m; i += rows) {
+        const cudaError_t err = launch_staged_nt<T, Dec, kWUnit, 1>(
+            dec, codebook, k, static_cast<const S *>(x) + i * k_in, m - i < rows ? m - i : rows,
+            k_in, n_out, bias, static_cast<S *>(y) + i * n_out, stream);
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
 }
 
 // The staged kernel with the widest W copies the layout allows: 16 bytes when every row
 // of chunks starts on 16 bytes.
 template <class T, class Dec>
 cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
-                          int64_t k_in, int64_t n_out, const void *bias, void *y,
+                          int64_t k_in, int64_t n_out, const void *bias, void *y, int rows,
                           cudaStream_t stream) {
     const bool vec = aligned(dec.packed, 16) &&
                      (k_in / kChunk) * Dec::kChunkBytes % 16 == 0;
-    if (vec) return launch_staged<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
-    return launch_staged<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, stream);
+    if (vec)
+        return launch_staged<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows, stream);
+    return launch_staged<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows, stream);
 }
 
 template <class T, class Dec>
@@ -1049,7 +1084,8 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     KBIT_TRY(check_workspace(workspace, workspace_bytes));
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     cudaError_t err = cudaSuccess;
-    if (staged_ok(dtype, x, k_in, packed, absmax)) {
+    bool generic = !staged_ok(dtype, x, k_in, packed, absmax);  // or no staged CTA fits
+    if (!generic) {
         const int64_t blocks = n_out * (k_in / kBlock);
         with_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
@@ -1076,15 +1112,19 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                         const Dec dec{reinterpret_cast<const uint8_t *>(packed),
                                       static_cast<const uint8_t *>(absmax),
                                       blocks * Dec::kChunkBytes, blocks * Dec::kScaleBytes, ts};
-                        err = launch_staged<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
-                                               stream);
+                        int rows = 0;
+                        if ((err = staged_rows<Dec>(m, &rows)) != cudaSuccess) return;
+                        if (rows == 0) generic = true;
+                        else err = launch_staged<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                                    rows, stream);
                     });
                     return KBIT_SUCCESS;
                 });
             }
             return KBIT_SUCCESS;
         });
-    } else {
+    }
+    if (generic && err == cudaSuccess) {
         const float *cb = codebook;
         if (!cb) {
             void *book = nullptr;
@@ -1265,7 +1305,8 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
     if (m == 0 || n_out == 0) return KBIT_SUCCESS;
     const int log2_bs = bnb4::log2_of(blocksize);
     cudaError_t err = cudaSuccess;
-    if (staged_ok(dtype, x, k_in, packed, absmax)) {
+    bool generic = !staged_ok(dtype, x, k_in, packed, absmax);  // or no staged CTA fits
+    if (!generic) {
         const int64_t n = n_out * k_in;
         with_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
@@ -1274,19 +1315,25 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                                              n / 2, (n >> log2_bs) * 4, log2_bs - 5};
                 const sm90::Bnb4Weight w90{std::is_same_v<Fmt, bnb4::Fp4>, packed, absmax, n / 2,
                                            (n >> log2_bs) * 4, log2_bs};
-                if (!run_sm90(w90, false, dtype, x, m, k_in, n_out, bias, y, workspace,
-                              workspace_bytes, stream, err))
-                    err = m > 2 * kMaxM
-                              ? gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
-                                                       workspace, workspace_bytes, stream)
-                              : launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream);
+                if (run_sm90(w90, false, dtype, x, m, k_in, n_out, bias, y, workspace,
+                             workspace_bytes, stream, err))
+                    return KBIT_SUCCESS;
+                if (m > 2 * kMaxM) {
+                    err = gemm::launch_stored<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y,
+                                                 workspace, workspace_bytes, stream);
+                    return KBIT_SUCCESS;
+                }
+                int rows = 0;
+                if ((err = staged_rows<Bnb4Staged<T, Fmt>>(m, &rows)) != cudaSuccess) return KBIT_SUCCESS;
+                if (rows == 0) generic = true;
+                else err = launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, rows, stream);
             }
             return KBIT_SUCCESS;
         });
-    } else {
+    }
+    if (generic && err == cudaSuccess)
         err = launch_generic(Bnb4Values<Fmt>{packed, absmax, log2_bs}, dtype, x, m, k_in, n_out,
                              bias, y, stream);
-    }
     return cuda_status(err, "NF4/FP4 matmul launch");
 }
 
