@@ -863,8 +863,8 @@ cudaError_t launch_staged_nt(const Dec &dec, const float *codebook, int k, const
 // (two n8 tiles on one decode) from m = 9, else up to 8; fewer where the slots for them do
 // not fit (sm_80's 163 KB: K = 4 and NF4 / FP4 at m = 16, K = 5 from m = 10; sm_86 / 89's
 // 99 KB: K = 2 from m = 12, K = 3 from 10, K = 4 from 6, K = 5 at every m); 0 where not
-// even one row fits (the caller takes the generic kernel). kStagedStatic: at least the
-// kernel's static shared memory (store_tile's partial sums, 4 KB).
+// even one row fits (launch_staged leaves the call to the generic kernel). kStagedStatic:
+// at least the kernel's static shared memory (store_tile's partial sums, 4 KB).
 constexpr int kStagedStatic = 8 * 1024;
 template <class Dec>
 cudaError_t staged_rows(int64_t m, int *rows) {
@@ -886,9 +886,9 @@ cudaError_t staged_rows(int64_t m, int *rows) {
 // blocks of them over m; below 8 where m has more, passes of `rows` rows, each a launch of
 // its own reading W again.
 template <class T, class Dec, int kWUnit>
-cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
-                          int64_t k_in, int64_t n_out, const void *bias, void *y, int rows,
-                          cudaStream_t stream) {
+cudaError_t launch_staged_rows(const Dec &dec, const float *codebook, int k, const void *x,
+                               int64_t m, int64_t k_in, int64_t n_out, const void *bias, void *y,
+                               int rows, cudaStream_t stream) {
     if (rows > kMaxM)
         return launch_staged_nt<T, Dec, kWUnit, 2>(dec, codebook, k, x, m, k_in, n_out, bias, y,
                                                    stream);
@@ -905,17 +905,24 @@ cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const vo
     return cudaSuccess;
 }
 
-// The staged kernel with the widest W copies the layout allows: 16 bytes when every row
-// of chunks starts on 16 bytes.
+// The staged kernel with the widest W copies the layout allows (16 bytes when every row
+// of chunks starts on 16 bytes) and the rows of x the device's shared memory allows
+// (staged_rows): runs the call (err: its launch status) and returns true, or returns false
+// where not even one row fits, for the generic kernel (as run_sm90 does).
 template <class T, class Dec>
-cudaError_t launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
-                          int64_t k_in, int64_t n_out, const void *bias, void *y, int rows,
-                          cudaStream_t stream) {
+bool launch_staged(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
+                   int64_t k_in, int64_t n_out, const void *bias, void *y, cudaStream_t stream,
+                   cudaError_t &err) {
+    int rows = 0;
+    if ((err = staged_rows<Dec>(m, &rows)) != cudaSuccess) return true;
+    if (rows == 0) return false;
     const bool vec = aligned(dec.packed, 16) &&
                      (k_in / kChunk) * Dec::kChunkBytes % 16 == 0;
-    if (vec)
-        return launch_staged<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows, stream);
-    return launch_staged<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows, stream);
+    err = vec ? launch_staged_rows<T, Dec, 16>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows,
+                                               stream)
+              : launch_staged_rows<T, Dec, 4>(dec, codebook, k, x, m, k_in, n_out, bias, y, rows,
+                                              stream);
+    return true;
 }
 
 template <class T, class Dec>
@@ -1112,11 +1119,8 @@ kbit_status kbit_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                         const Dec dec{reinterpret_cast<const uint8_t *>(packed),
                                       static_cast<const uint8_t *>(absmax),
                                       blocks * Dec::kChunkBytes, blocks * Dec::kScaleBytes, ts};
-                        int rows = 0;
-                        if ((err = staged_rows<Dec>(m, &rows)) != cudaSuccess) return;
-                        if (rows == 0) generic = true;
-                        else err = launch_staged<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
-                                                    rows, stream);
+                        generic = !launch_staged<T>(dec, codebook, k, x, m, k_in, n_out, bias, y,
+                                                    stream, err);
                     });
                     return KBIT_SUCCESS;
                 });
@@ -1323,10 +1327,7 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
                                                  workspace, workspace_bytes, stream);
                     return KBIT_SUCCESS;
                 }
-                int rows = 0;
-                if ((err = staged_rows<Bnb4Staged<T, Fmt>>(m, &rows)) != cudaSuccess) return KBIT_SUCCESS;
-                if (rows == 0) generic = true;
-                else err = launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, rows, stream);
+                generic = !launch_staged<T>(dec, nullptr, 4, x, m, k_in, n_out, bias, y, stream, err);
             }
             return KBIT_SUCCESS;
         });
