@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (make gpu-check): build for sm_90, every test with the GPU on,
-# compute-sanitizer on small cases (every tool), the demo, then the benchmarks.
+# compute-sanitizer on small cases (every tool), the matmul tests on emulated smaller GPUs,
+# the demo, then the benchmarks.
 # Every step runs even if an earlier one failed; logs go to $OUT; exits non-zero if any
 # step failed. Usage: bench/gpu_check.sh BUILD_DIR OUT_DIR BENCH_SIZES
 set -uo pipefail
@@ -32,6 +33,8 @@ step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/ben
 for tool in ${SANITIZERS:-memcheck racecheck initcheck synccheck}; do
     step "sanitize-$tool" make sanitize BUILD="$BUILD" SANITIZERS="$tool"
 done
+# The launchers' paths of an A100 and of a 99 KB sm_86 / 89 GPU, emulated on this one
+step emulated make emulated-check BUILD="$BUILD" CUDA_ARCHS=90
 step demo make demo BUILD="$BUILD"
 step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
 step bench-matmul "$PYTHON" bench/bench_matmul.py --json "$OUT/bench_matmul.json" ${BENCH_MATMUL_ARGS:-}

@@ -29,9 +29,13 @@ cudaError_t sm_count(int *count);
 // The current device's compute capability major number (cached per device too).
 cudaError_t compute_major(int *major);
 // The shared memory a block of the current device may opt in to (cached per device; 227 KB
-// on sm_90, 163 KB on sm_80, 99 KB on sm_86 / 89). A build with KBIT_TEST_SMEM_OPTIN
-// defined caps it there, so that an H100 runs the launchers' paths for smaller GPUs.
+// on sm_90, 163 KB on sm_80, 99 KB on sm_86 / 89 / 120).
 cudaError_t smem_optin(int *bytes);
+// Emulating a smaller GPU (development builds; `make emulated-check`): a build with
+// KBIT_TEST_SMEM_OPTIN defined caps smem_optin there, and allow_smem refuses what a device
+// of that limit would refuse; with KBIT_TEST_DEVICE_MAJOR, compute_major reports at most
+// that major. An H100 then runs the launchers' paths of an A100 (8, 166912) or of an sm_86
+// / 89 GPU (8, 101376): the same kernels, their choices and fallbacks.
 // The current device's range flag (kbit_get_range_flag; csrc/quant/kbit.cu): a GPU entry
 // that cannot return KBIT_ERROR_RANGE without synchronising raises it (atomicOr 1).
 cudaError_t device_range_flag(unsigned int **flag);

@@ -72,6 +72,16 @@ __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
 }
 template <class T>
 __device__ __forceinline__ uint32_t splat(float v) { return pack2(T{}, v, v); }
+// a * (half h of b in both halves): ptxas reads the half through the multiply's operand
+// swizzle (HMUL2 R, R, R.H0_H0), no instruction of its own.
+template <class T>
+__device__ __forceinline__ uint32_t hmul2_by_half(uint32_t a, uint32_t b, int h) {
+    using P = Pack<T>;
+    if constexpr (P::kF16)
+        return P::u(__hmul2(P::h(a), h ? __high2half2(P::h(b)) : __low2half2(P::h(b))));
+    else
+        return P::u(__hmul2(P::h(a), h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b))));
+}
 
 // The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a
 // warp read distinct banks (kCopies = 32) or at most two lanes share one (16).
@@ -732,6 +742,13 @@ cudaError_t allow_smem(int bytes) {
     if (err != cudaSuccess) return err;
     if (dev < kMaxDevices && allowed[dev].load(std::memory_order_relaxed) >= bytes)
         return cudaSuccess;
+#ifdef KBIT_TEST_SMEM_OPTIN  // refuse as a device of the emulated limit would (core/cuda.cuh)
+    cudaFuncAttributes attr{};
+    int limit = 0;
+    if ((err = cudaFuncGetAttributes(&attr, Kernel)) != cudaSuccess || (err = smem_optin(&limit)) != cudaSuccess)
+        return err;
+    if (bytes + static_cast<int>(attr.sharedSizeBytes) > limit) return cudaErrorInvalidValue;
+#endif
     err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (err == cudaSuccess && dev < kMaxDevices) allowed[dev].store(bytes, std::memory_order_relaxed);
     return err;

@@ -21,7 +21,6 @@
 namespace gemm {
 
 
-constexpr int kRing = 4;                        // cp.async slots: 3 stages in flight
 constexpr int kBK = kGemmStageK;                // 64: k of a stage
 constexpr int kUnits = kBK * 2 / 16;            // 16-byte units of a tile row (8)
 constexpr int kTileBytes = kGemmRows * kBK * 2; // a decoded W tile (16 KB)
@@ -70,7 +69,7 @@ template <class Dec>
 struct RawOf<Dec, std::void_t<typename Dec::Raw>> { using type = typename Dec::Raw; };
 
 // Shared memory: [pair table][2 decoded W tiles][2 x 128 x 2 float chunk scales]
-// [kRing slots of: x tile (BM x 128 bytes) | raw W rows | raw scale windows (16 B a row)].
+// [ring slots of: x tile (BM x 128 bytes) | raw W rows | raw scale windows (16 B a row)].
 // A tiled stage is 8 row tiles x 32 lanes x half a segment (4K bytes), as many bytes as
 // 128 stored rows of two chunks.
 template <class Dec, int kSrc>
@@ -83,21 +82,48 @@ __host__ __device__ constexpr int slot_bytes(int bm) {
     return bm * kBK * 2 + (kSrc != kDirect ? kGemmRows * (raw_row_bytes<Dec, kSrc>() + 16) : 0);
 }
 template <class Dec, int kSrc>
-__host__ __device__ constexpr int table_bytes_of() {
-    if constexpr (kSrc != kDirect) return matmul::table_bytes<Dec>();
+__host__ __device__ constexpr int table_bytes_of(int copies) {
+    if constexpr (kSrc != kDirect) return 4 * Dec::kEntries * copies;
     else return 0;
 }
-template <class Dec, int kSrc>
-__host__ __device__ constexpr int smem_bytes(int bm) {
-    return table_bytes_of<Dec, kSrc>() + 2 * kTileBytes + 2 * kGemmRows * 2 * 4 +
-           kRing * slot_bytes<Dec, kSrc>(bm);
-}
+
+// A CTA's ring slots and pair table copies, within kBudget bytes of shared memory: 4
+// slots (3 stages in flight) and table_copies where they fit; else fewer copies down to 8,
+// then fewer slots down to 2, then fewer copies. kSmemLarge is sm_80's opt-in limit (163
+// KB; sm_90 takes the same CTAs), kSmemSmall that of sm_86 / 89 / 120 (99 KB), each less 1
+// KB for static shared memory. (With the full table and ring, K = 5 at BM = 128 asked 194 KB,
+// and on 99 KB K = 2..5 and NF4 / FP4 failed to launch from BM = 16..128.)
+constexpr int kSmemLarge = 162 * 1024, kSmemSmall = 98 * 1024;
+template <class Dec, int kSrc, int BM, int kBudget>
+struct Fit {
+    static constexpr int bytes(int copies, int ring) {
+        return table_bytes_of<Dec, kSrc>(copies) + 2 * kTileBytes + 2 * kGemmRows * 2 * 4 +
+               ring * slot_bytes<Dec, kSrc>(BM);
+    }
+    struct Choice {
+        int copies, ring;
+    };
+    static constexpr Choice choose() {
+        Choice c{1, 4};
+        if constexpr (kSrc != kDirect) c.copies = table_copies<Dec::kEntries>();
+        while (bytes(c.copies, c.ring) > kBudget) {
+            if (c.copies > 8) c.copies /= 2;
+            else if (c.ring > 2) --c.ring;
+            else if (c.copies > 1) c.copies /= 2;
+            else break;
+        }
+        return c;
+    }
+    static constexpr int kCopies = choose().copies, kRing = choose().ring;
+    static constexpr int kBytes = bytes(kCopies, kRing);
+    static constexpr bool kFits = kBytes <= kBudget;
+};
 
 
 // Dec: a pair decoder with a table (KbitAnyScale, Bnb4Staged; TiledScale for kTiled), or
 // FloatDirect for kDirect. kWUnit: bytes of each cp.async of stored W (16 or 4, as the
 // rows' alignment allows).
-template <class T, class Dec, int kSrc, int BM, int kWUnit>
+template <class T, class Dec, int kSrc, int BM, int kWUnit, int kRing, int kCopies>
 __global__ void __launch_bounds__(kThreads)
 gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
             const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
@@ -111,7 +137,7 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
     extern __shared__ uint4 smem[];
     uint8_t *base = reinterpret_cast<uint8_t *>(smem);
     uint32_t *table = reinterpret_cast<uint32_t *>(base);
-    uint8_t *wtile = base + table_bytes_of<Dec, kSrc>();
+    uint8_t *wtile = base + table_bytes_of<Dec, kSrc>(kCopies);
     float *wscale = reinterpret_cast<float *>(wtile + 2 * kTileBytes);  // [2][128][2]
     uint8_t *ring = reinterpret_cast<uint8_t *>(wscale + 2 * kGemmRows * 2);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -120,11 +146,11 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
 
     float scale_mul = 1.0f;
     if constexpr (kStaged) {
-        scale_mul = fill_pair_table<Dec>(table, codebook, k);
+        scale_mul = fill_pair_table<Dec, kCopies>(table, codebook, k);
         if constexpr (Dec::kUsesCodebook) dec.scale_mul *= scale_mul;
     }
     const auto my_table = [&] {
-        if constexpr (kStaged) return lane_table<table_copies<Dec::kEntries>()>(table);
+        if constexpr (kStaged) return lane_table<kCopies>(table);
         else return 0;
     }();
 
@@ -400,14 +426,30 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
                                   [&](int f, float v) { store(f / (NT * 4), (f / 4) % NT, f % 4, v); });
 }
 
-// The launch for one decoder and CTA shape.
+// The launch for one decoder and CTA shape: Fit's CTA for the device's shared memory
+// (kSmemLarge's where it fits with 1 KB to spare for static shared memory, else kSmemSmall's;
+// one kernel where both are the same).
 template <class T, class Dec, int kSrc, int BM, int kWUnit>
 cudaError_t launch_bm(const Dec &dec, const float *codebook, int k, const void *x, int64_t m,
                       int64_t k_in, int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
                       void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    return launch_gemm<gemm_kernel<T, Dec, kSrc, BM, kWUnit>, T>(
-        kThreads, smem_bytes<Dec, kSrc>(BM), BM, plan, dec, codebook, k, x, m, k_in, n_out, bias, y,
-        workspace, workspace_bytes, stream);
+    using Large = Fit<Dec, kSrc, BM, kSmemLarge>;
+    using Small = Fit<Dec, kSrc, BM, kSmemSmall>;
+    static_assert(Large::kFits && Small::kFits, "a GEMM CTA fits 99 KB of shared memory");
+    auto run = [&](auto fit) {
+        using F = decltype(fit);
+        return launch_gemm<gemm_kernel<T, Dec, kSrc, BM, kWUnit, F::kRing, F::kCopies>, T>(
+            kThreads, F::kBytes, BM, plan, dec, codebook, k, x, m, k_in, n_out, bias, y,
+            workspace, workspace_bytes, stream);
+    };
+    if constexpr (Large::kRing == Small::kRing && Large::kCopies == Small::kCopies) {
+        return run(Large{});
+    } else {
+        int limit = 0;
+        const cudaError_t err = smem_optin(&limit);
+        if (err != cudaSuccess) return err;
+        return limit >= Large::kBytes + 1024 ? run(Large{}) : run(Small{});
+    }
 }
 
 template <class T, class Dec, int kSrc, int kWUnit>

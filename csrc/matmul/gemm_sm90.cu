@@ -68,9 +68,9 @@ __device__ __forceinline__ uint32_t swizzled(int r, int u) {
 
 // The matrix descriptor of such a tile (1024-byte aligned, K-major): start address,
 // leading offset 1 (unused by this layout), 8-row groups 1024 bytes apart, 128-byte swizzle.
+constexpr uint64_t kDescHi = uint64_t{64u | (1u << 30)} << 32;
 __device__ __forceinline__ uint64_t descriptor(uint32_t addr) {
-    const uint32_t lo = (addr >> 4) | (1u << 16), hi = 64u | (1u << 30);
-    return static_cast<uint64_t>(hi) << 32 | lo;
+    return kDescHi | (addr >> 4) | (1u << 16);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -539,6 +539,37 @@ __device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, uint32_t (
     }
 }
 
+// A row's four kbit block scales as kbit_scale_pairs' values, two to a word: chunks 0 and
+// 2 in s[0], 1 and 3 in s[1] (the multiply takes its half by hmul2_by_half). E4M4 fp16: the
+// code bytes at bit 6 of each half, one packed multiply by 2^12 a word (e4m4_pair_x256).
+template <class T>
+__device__ __forceinline__ void kbit_scale_words(uint32_t at, int sb, uint32_t (&s)[2]) {
+    if (sb == 1) {
+        const uint32_t v = lds_u32(at);
+        if constexpr (Pack<T>::kF16) {
+            s[0] = hmul2<T>(__byte_perm(v, 0u, 0x4240u) << 6, 0x6C006C00u);
+            s[1] = hmul2<T>(__byte_perm(v, 0u, 0x4341u) << 6, 0x6C006C00u);
+        } else {
+            s[0] = pack2(T{}, e4m4_times(v, 0, 256.0f), e4m4_times(v, 2, 256.0f));
+            s[1] = pack2(T{}, e4m4_times(v, 1, 256.0f), e4m4_times(v, 3, 256.0f));
+        }
+    } else if (sb == 2) {
+        const uint2 v = lds_u32x2(at);
+        const uint32_t h02 = __byte_perm(v.x, v.y, 0x5410u), h13 = __byte_perm(v.x, v.y, 0x7632u);
+        if constexpr (Pack<T>::kF16) {
+            s[0] = h02, s[1] = h13;
+        } else {
+            const float2 f02 = __half22float2(*reinterpret_cast<const __half2 *>(&h02));
+            const float2 f13 = __half22float2(*reinterpret_cast<const __half2 *>(&h13));
+            s[0] = pack2(T{}, f02.x, f02.y), s[1] = pack2(T{}, f13.x, f13.y);
+        }
+    } else {
+        const uint4 v = lds_u32x4(at);
+        s[0] = pack2(T{}, __uint_as_float(v.x), __uint_as_float(v.z));
+        s[1] = pack2(T{}, __uint_as_float(v.y), __uint_as_float(v.w));
+    }
+}
+
 // Tiled kbit, read by the tiled GEMM below (not by the streamed GEMM: its lanes gather
 // their codes from the segments themselves): a warp's unit of (tile, group), its lanes'
 // 8K-byte segments holding exactly their pair indices, and the scales of its rows' four
@@ -571,9 +602,9 @@ struct TiledSrc {
     __device__ uint32_t s_offset(int warp, int g) const {
         return kWBytes + (warp * tiled::kTileRows + g) * tiled::kGroupChunks * dec.sb;
     }
-    // Row g's scales of the stage's chunks as pairs of T.
-    __device__ void scales(uint32_t at, int, uint32_t (&s)[4]) const {
-        kbit_scale_pairs<T>(at, dec.sb, s);
+    // Row g's scales of the stage's chunks, two to a word (kbit_scale_words).
+    __device__ void scale_words(uint32_t at, uint32_t (&s)[2]) const {
+        kbit_scale_words<T>(at, dec.sb, s);
     }
     __device__ uint32_t s_row8() const { return 8 * tiled::kGroupChunks * dec.sb; }  // row g + 8's
     // The factor the sums take at the output, after the table's fill returned `book`.
@@ -1206,6 +1237,28 @@ struct RingPos {
     }
 };
 
+// The consumers' side of a ring of x halves (slots of kX bytes from `at`, each a wgmma B
+// tile): a slot's descriptor once it has landed, and each half's release once its last
+// chunk's wgmmas are done, which the consumers see at the next half's second chunk. The
+// release goes to `done`, the empty barrier of the half before: at first a spare barrier
+// that nobody waits on, so that no release needs a test. (Written out in each GEMM, the
+// release's test and the slot before's wraparound, and the descriptor rebuilt from the
+// byte address after each wait, took about 30 of the tiled GEMM's 261 instructions a
+// stage: bench/RESULTS.md, session 18.)
+template <int kX>
+struct XHalves {
+    uint32_t desc, full, empty, done;  // slot 0's descriptor (low word); barriers
+    __device__ XHalves(uint32_t at, uint32_t full_, uint32_t empty_, uint32_t spare)
+        : desc(static_cast<uint32_t>(descriptor(at))), full(full_), empty(empty_), done(spare) {}
+    __device__ __forceinline__ uint64_t wait(int slot, uint32_t phase) const {
+        return kDescHi | (desc + slot * (kX >> 4) + mbar_wait(full + 8 * slot, phase));
+    }
+    __device__ __forceinline__ void release_before(int slot) {
+        mbar_arrive(done);
+        done = empty + 8 * slot;
+    }
+};
+
 // An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
 // item's through the workspace, by its last split to arrive; staged (store_tile_staged)
 // where staged_y, else element by element.
@@ -1270,15 +1323,18 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     using C = TiledGemmConfig<Src, BN, kCtas>;
     static_assert(C::kBuilt, "the x ring needs four halves");
     constexpr int RX = C::kXRing, RW = C::kWRing, K = Dec::kK;
+    static_assert(RX % 2 == 0, "a stage's two x halves in slots 2i, 2i + 1");
     constexpr int kAcc = BN / 2;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
     uint32_t *table = reinterpret_cast<uint32_t *>(base + RX * C::kX + RW * C::kW);
-    // full and empty barriers of the x halves, then of the W stages
-    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 2 + 1)];
-    const uint32_t x_full = smem_address(bars), x_empty = x_full + 8 * RX;
-    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
+    // full and empty barriers of the x halves, then of the W stages, then a spare one
+    // (x_spare: the consumers' first release goes there, see below); pinned, or ptxas
+    // rebuilds the address from the CTA's shared window every stage
+    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 2 + 1) + 1];
+    const uint32_t x_full = pinned(smem_address(bars)), x_empty = x_full + 8 * RX;
+    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW, x_spare = w_empty + 8 * RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
@@ -1287,6 +1343,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 
     if (tid == 0) {
         xr.init(kThreads90), wr.init(kThreads90);
+        mbar_init(x_spare, kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     float out_mul;
@@ -1334,9 +1391,10 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     // while chunk c - 1 may still multiply. (Four buffers, three chunks in flight, measured
     // no faster: ptxas then serializes the wgmmas, C7515, unable to prove a buffer free.)
     uint32_t a[2][2][4];
-    int xs = 0, ws = 0;  // ring positions
+    // Ring positions: a stage's x halves are slots xs and xs + 1 (xs even), of one phase.
+    int xs = 0, ws = 0;
     uint32_t x_phase = 0, w_phase = 0;
-    int64_t hg = 0;  // x halves consumed, all items
+    XHalves<C::kX> xh(x_at, x_full, x_empty, x_spare);
     for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
         const WorkItems::Item item = items[it];
         for (int q = 0; q < item.stages; ++q) {
@@ -1346,9 +1404,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
             // line_xor pinned a stage, or ptxas keeps eight such addresses a lane across
             // the loop (N = 256 spilled and reloaded them every stage)
             const uint32_t seg_base = seg_at + w_slot, lx = pinned(line_xor);
-            uint32_t sa[4], sc[4];  // rows g and g + 8's scales of the stage's chunks
-            src.scales(s_at + w_slot, item.g_begin + q, sa);
-            src.scales(s_at + w_slot + src.s_row8(), item.g_begin + q, sc);
+            uint32_t sa[2], sc[2];  // rows g and g + 8's scales: chunks 0, 2 and 1, 3
+            src.scale_words(s_at + w_slot, sa);
+            src.scale_words(s_at + w_slot + src.s_row8(), sc);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint32_t w[4][K];  // half h of segment q of the four
@@ -1362,14 +1420,12 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                 if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) shift_half<K>(w[sq], sel);
-                const uint64_t b = descriptor(x_at + xs * C::kX + mbar_wait(x_full + 8 * xs, x_phase));
+                const uint64_t b = xh.wait(xs + h, x_phase);
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // chunk 2h + u: rows' groups 2u (row g), 2u + 1
                     wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
-                    if (u == 1 && hg > 0)  // so are the x half before's chunks
-                        mbar_arrive(x_empty + 8 * (xs > 0 ? xs - 1 : RX - 1));
+                    if (u == 1) xh.release_before(xs + h);  // so are the x half before's chunks
                     auto &ab = a[u];
-                    const uint32_t fa = sa[2 * h + u], fc = sc[2 * h + u];
 #pragma unroll
                     for (int st = 0; st < 2; ++st)    // k16 step: elements 16 st + 2t (+ 8)
 #pragma unroll
@@ -1386,8 +1442,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                                 pg = gathered_entry<K>(seg, 2 * u, sel, my_table);
                                 pg8 = gathered_entry<K>(seg, 2 * u + 1, sel, my_table);
                             }
-                            ab[st][2 * e] = hmul2<T>(pg, fa);
-                            ab[st][2 * e + 1] = hmul2<T>(pg8, fc);
+                            // chunk 2h + u's scales: half h of word u
+                            ab[st][2 * e] = hmul2_by_half<T>(pg, sa[u], h);
+                            ab[st][2 * e + 1] = hmul2_by_half<T>(pg8, sc[u], h);
                         }
                     wgmma_fence();
 #pragma unroll
@@ -1396,9 +1453,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                               q + h + u + st > 0);  // (the item's first: D = A B)
                     wgmma_commit();
                 }
-                if (++xs == RX) xs = 0, x_phase ^= 1u;
-                ++hg;
             }
+            if ((xs += 2) == RX) xs = 0, x_phase ^= 1u;
             if (++ws == RW) ws = 0, w_phase ^= 1u;
         }
         wgmma_wait<0>();
@@ -1772,15 +1828,17 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
     const uint32_t staging = w_at + RW * C::kW;
-    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 4 + 1)];
-    const uint32_t x_full = smem_address(bars), x_empty = x_full + 8 * RX;
-    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW;
+    // (the x halves' and W stages' full and empty barriers, a spare one: as the tiled GEMM)
+    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 4 + 1) + 1];
+    const uint32_t x_full = pinned(smem_address(bars)), x_empty = x_full + 8 * RX;
+    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW, x_spare = w_empty + 8 * RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const WorkItems items(m, n_out, k_in / gg::kStageK, BN, whole, splits);
     const Ring wr{w_at, C::kW, w_full, w_empty, RW}, xr{x_at, C::kX, x_full, x_empty, RX};
     if (tid == 0) {
         xr.init(kThreads90), wr.init(kThreads90);
+        mbar_init(x_spare, kThreads90);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -1809,7 +1867,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     uint32_t a[2][2][4];  // A fragments of a chunk's two k16 steps, two chunks' buffers
     RingPos ws, xs;
-    int64_t hg = 0;  // x halves consumed, all items
+    XHalves<C::kX> xh(x_at, x_full, x_empty, x_spare);
     for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
         const WorkItems::Item item = items[it];
         for (int q = 0; q < item.stages; ++q) {
@@ -1823,12 +1881,11 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
             for (int h = 0; h < 4; ++h) {
                 if (h % F::kSpan == 0) wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
                 if (h == 3) mbar_arrive(w_empty + 8 * ws.slot);  // the W slot is read
-                const uint64_t b = descriptor(x_at + xs.slot * C::kX + mbar_wait(x_full + 8 * xs.slot, xs.phase));
+                const uint64_t b = xh.wait(xs.slot, xs.phase);
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // chunk 2h + u
                     wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
-                    if (u == 1 && hg > 0)  // so are the x half before's chunks
-                        mbar_arrive(x_empty + 8 * (xs.slot > 0 ? xs.slot - 1 : RX - 1));
+                    if (u == 1) xh.release_before(xs.slot);  // so are the x half before's chunks
                     uint32_t ca[2][2], cb[2][2];
                     gg::Affine<T> fa[2], fb[2];
                     F::template chunk<T>(row_ga, wa, h, u, ca, fa);
@@ -1848,7 +1905,6 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                     wgmma_commit();
                 }
                 xs.next(RX);
-                ++hg;
             }
             ws.next(RW);
         }
