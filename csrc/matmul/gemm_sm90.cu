@@ -1423,28 +1423,35 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                 const uint64_t b = xh.wait(xs + h, x_phase);
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // chunk 2h + u: rows' groups 2u (row g), 2u + 1
-                    wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
-                    if (u == 1) xh.release_before(xs + h);  // so are the x half before's chunks
-                    auto &ab = a[u];
+                    // the chunk's table entries first, their loads in flight while the
+                    // wgmmas of chunk 2h + u - 2 finish (at N = 128 the loads' latency
+                    // was the stall: ncu, bench/RESULTS.md session 18)
+                    uint32_t pe[2][2][2];  // [k16 step][segment][row g, g + 8]
 #pragma unroll
                     for (int st = 0; st < 2; ++st)    // k16 step: elements 16 st + 2t (+ 8)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {  // segment 2 st + e: elements 16 st + 8 e + 2t
                             const uint32_t(&seg)[K] = w[2 * st + e];
-                            uint32_t pg, pg8;  // rows g and g + 8
                             if constexpr (C::kQuads) {
                                 // groups 2u and 2u + 1 at bits 0 and 16 of word u: one byte
                                 // of two pair indices, row g's low, one load of both entries
                                 const uint32_t x = seg[u] & 0x000F000Fu;
                                 const uint2 q = quads(x + (x >> 12), 0);
-                                pg = q.x, pg8 = q.y;
+                                pe[st][e][0] = q.x, pe[st][e][1] = q.y;
                             } else {
-                                pg = gathered_entry<K>(seg, 2 * u, sel, my_table);
-                                pg8 = gathered_entry<K>(seg, 2 * u + 1, sel, my_table);
+                                pe[st][e][0] = gathered_entry<K>(seg, 2 * u, sel, my_table);
+                                pe[st][e][1] = gathered_entry<K>(seg, 2 * u + 1, sel, my_table);
                             }
-                            // chunk 2h + u's scales: half h of word u
-                            ab[st][2 * e] = hmul2_by_half<T>(pg, sa[u], h);
-                            ab[st][2 * e + 1] = hmul2_by_half<T>(pg8, sc[u], h);
+                        }
+                    wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
+                    if (u == 1) xh.release_before(xs + h);  // so are the x half before's chunks
+                    auto &ab = a[u];
+#pragma unroll
+                    for (int st = 0; st < 2; ++st)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {  // chunk 2h + u's scales: half h of word u
+                            ab[st][2 * e] = hmul2_by_half<T>(pe[st][e][0], sa[u], h);
+                            ab[st][2 * e + 1] = hmul2_by_half<T>(pe[st][e][1], sc[u], h);
                         }
                     wgmma_fence();
 #pragma unroll
