@@ -120,19 +120,24 @@ sanitize: build
 	done
 
 # On a GPU machine: the launchers' paths of smaller GPUs (core/cuda.cuh). For each of
-# EMULATE (name:major:bytes), a library whose device queries report at most that compute
-# capability major and that opt-in shared memory, and the matmul tests against it: an
-# A100's dispatch and 163 KB, an sm_86 / 89 / 120 GPU's 99 KB. Same CUDA_ARCHS as the build.
+# EMULATE (name:major:bytes), a library of its own ($(BUILD)-emu-NAME, never copied into
+# the Python package) whose device queries report at most that compute capability major
+# and that opt-in shared memory, and the matmul tests against it: an A100's dispatch and
+# 163 KB, an sm_86 / 89 GPU's 99 KB (the kernels are the build GPU's own machine code of
+# the same source). Same CUDA_ARCHS as the build.
 EMULATE ?= a100:8:166912 sm86:8:101376
 EMULATE_TESTS ?= tests/test_matmul.py tests/test_tiled.py tests/test_nf4.py tests/test_gguf_kbit.py
 emulated-check: deps
 	@for e in $(EMULATE); do \
-	    IFS=: read name major optin <<< "$$e"; dir=$(BUILD)-emu-$$name; \
+	    IFS=: read name major optin <<< "$$e"; dir=$(abspath $(BUILD))-emu-$$name; \
 	    echo "== emulating $$name: compute capability major $$major, $$optin bytes of shared memory"; \
 	    cmake -S . -B $$dir $(GENERATOR) -DCMAKE_BUILD_TYPE=Release "-DKBIT_CUDA_ARCHITECTURES=$(CUDA_ARCHS)" \
+	        $(CMAKE_FLAGS) -DKBIT_COPY_TO_PYTHON=OFF \
 	        "-DCMAKE_CUDA_FLAGS=-DKBIT_TEST_DEVICE_MAJOR=$$major -DKBIT_TEST_SMEM_OPTIN=$$optin" \
-	        $(CMAKE_FLAGS) >/dev/null && cmake --build $$dir -j --target kbit || exit 1; \
-	    KBIT_LIBRARY=$$PWD/$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 $(PYTHON) -m pytest \
+	        >/dev/null && cmake --build $$dir -j --target kbit || exit 1; \
+	    KBIT_LIBRARY=$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 $(PYTHON) -c "import kbit._lib as l; \
+	        p = l.lib()._name; assert p == '$$dir/libkbit.so', 'loaded ' + p" || exit 1; \
+	    KBIT_LIBRARY=$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 $(PYTHON) -m pytest \
 	        $(EMULATE_TESTS) -q -rs -p no:cacheprovider || exit 1; \
 	done
 

@@ -87,12 +87,13 @@ __host__ __device__ constexpr int table_bytes_of(int copies) {
     else return 0;
 }
 
-// A CTA's ring slots and pair table copies, within kBudget bytes of shared memory: 4
-// slots (3 stages in flight) and table_copies where they fit; else fewer copies down to 8,
-// then fewer slots down to 2, then fewer copies. kSmemLarge is sm_80's opt-in limit (163
-// KB; sm_90 takes the same CTAs), kSmemSmall that of sm_86 / 89 / 120 (99 KB), each less 1
-// KB for static shared memory. (With the full table and ring, K = 5 at BM = 128 asked 194 KB,
-// and on 99 KB K = 2..5 and NF4 / FP4 failed to launch from BM = 16..128.)
+// A CTA's ring slots and pair table copies, within kBudget bytes of shared memory: the
+// deepest ring (4 slots, 3 stages in flight, down to 2) that fits beside 8 copies of the
+// table (or all of them, where fewer), then the most copies that fit beside that ring (at
+// least 4: fill_table stores 16 bytes of copies at a time). kSmemLarge is sm_80's opt-in
+// limit (163 KB; sm_90 takes the same CTAs), kSmemSmall that of sm_86 / 89 / 120 (99 KB),
+// each less 1 KB for static shared memory. (With the full table and ring, K = 5 at BM =
+// 128 asked 194 KB, and on 99 KB K = 2..5 and NF4 / FP4 failed to launch from BM = 16..128.)
 constexpr int kSmemLarge = 162 * 1024, kSmemSmall = 98 * 1024;
 template <class Dec, int kSrc, int BM, int kBudget>
 struct Fit {
@@ -104,19 +105,18 @@ struct Fit {
         int copies, ring;
     };
     static constexpr Choice choose() {
-        Choice c{1, 4};
-        if constexpr (kSrc != kDirect) c.copies = table_copies<Dec::kEntries>();
-        while (bytes(c.copies, c.ring) > kBudget) {
-            if (c.copies > 8) c.copies /= 2;
-            else if (c.ring > 2) --c.ring;
-            else if (c.copies > 1) c.copies /= 2;
-            else break;
-        }
+        int full = 1;
+        if constexpr (kSrc != kDirect) full = table_copies<Dec::kEntries>();
+        Choice c{full < 8 ? full : 8, 4};
+        while (c.ring > 2 && bytes(c.copies, c.ring) > kBudget) --c.ring;
+        c.copies = full;
+        while (c.copies > 4 && bytes(c.copies, c.ring) > kBudget) c.copies /= 2;
         return c;
     }
     static constexpr int kCopies = choose().copies, kRing = choose().ring;
     static constexpr int kBytes = bytes(kCopies, kRing);
     static constexpr bool kFits = kBytes <= kBudget;
+    static_assert(kSrc == kDirect || kCopies >= 4, "fill_table stores four copies at a time");
 };
 
 
@@ -435,7 +435,7 @@ cudaError_t launch_bm(const Dec &dec, const float *codebook, int k, const void *
                       void *workspace, size_t workspace_bytes, cudaStream_t stream) {
     using Large = Fit<Dec, kSrc, BM, kSmemLarge>;
     using Small = Fit<Dec, kSrc, BM, kSmemSmall>;
-    static_assert(Large::kFits && Small::kFits, "a GEMM CTA fits 99 KB of shared memory");
+    static_assert(Large::kFits && Small::kFits, "a GEMM CTA fits either budget");
     auto run = [&](auto fit) {
         using F = decltype(fit);
         return launch_gemm<gemm_kernel<T, Dec, kSrc, BM, kWUnit, F::kRing, F::kCopies>, T>(
