@@ -6,8 +6,9 @@
 namespace kbit {
 
 namespace {
-// A device attribute of the current device, read once per device and slot.
-cudaError_t cached_attribute(int slot, cudaDeviceAttr attr, int *value) {
+// A device attribute of the current device, read once per device and slot, at most `cap`
+// where cap > 0 (an emulating build's: cuda.cuh).
+cudaError_t cached_attribute(int slot, cudaDeviceAttr attr, int *value, int cap = 0) {
     constexpr int kMaxDevices = 64, kSlots = 3;
     static std::atomic<int> cache[kSlots][kMaxDevices];  // 0 = not read yet
     int dev = 0;
@@ -23,10 +24,18 @@ cudaError_t cached_attribute(int slot, cudaDeviceAttr attr, int *value) {
     int c = 0;
     err = cudaDeviceGetAttribute(&c, attr, dev);
     if (err != cudaSuccess) return err;
+    if (cap > 0 && c > cap) c = cap;
     if (dev >= 0 && dev < kMaxDevices) cache[slot][dev].store(c, std::memory_order_relaxed);
     *value = c;
     return cudaSuccess;
 }
+
+#ifndef KBIT_TEST_DEVICE_MAJOR
+#define KBIT_TEST_DEVICE_MAJOR 0
+#endif
+#ifndef KBIT_TEST_SMEM_OPTIN
+#define KBIT_TEST_SMEM_OPTIN 0
+#endif
 }  // namespace
 
 cudaError_t sm_count(int *count) {
@@ -34,19 +43,11 @@ cudaError_t sm_count(int *count) {
 }
 
 cudaError_t compute_major(int *major) {
-    const cudaError_t err = cached_attribute(1, cudaDevAttrComputeCapabilityMajor, major);
-#ifdef KBIT_TEST_DEVICE_MAJOR
-    if (err == cudaSuccess && *major > KBIT_TEST_DEVICE_MAJOR) *major = KBIT_TEST_DEVICE_MAJOR;
-#endif
-    return err;
+    return cached_attribute(1, cudaDevAttrComputeCapabilityMajor, major, KBIT_TEST_DEVICE_MAJOR);
 }
 
 cudaError_t smem_optin(int *bytes) {
-    const cudaError_t err = cached_attribute(2, cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes);
-#ifdef KBIT_TEST_SMEM_OPTIN
-    if (err == cudaSuccess && *bytes > KBIT_TEST_SMEM_OPTIN) *bytes = KBIT_TEST_SMEM_OPTIN;
-#endif
-    return err;
+    return cached_attribute(2, cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes, KBIT_TEST_SMEM_OPTIN);
 }
 
 }  // namespace kbit

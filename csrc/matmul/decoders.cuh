@@ -384,18 +384,18 @@ struct ChunkScales {
     }
 };
 
-// E4M4 byte i of v (i a compile-time constant) as a pair of T of its value times 2^8 (the
-// wgmma GEMMs' scale pairs), without a table: fp16 by the byte at bit 6 of each half, an
-// fp16 of value e4m4_decode(c) 2^-12 (E4M4's subnormals are fp16 ones there) times 2^12 in
-// one packed multiply; bf16 through float32 as e4m4_times. Exact, as the table's values.
+// E4M4 bytes lo and hi of v (compile-time constants) as a pair of T of their values times
+// 2^8 (the wgmma GEMMs' scales), lo's in the low half, without a table: fp16 by the bytes at
+// bit 6 of each half, fp16s of value e4m4_decode(c) 2^-12 (E4M4's subnormals are fp16 ones
+// there) times 2^12 in one packed multiply; bf16 through float32 as e4m4_times. Exact, as
+// the table's values.
 template <class T>
-__device__ __forceinline__ uint32_t e4m4_pair_x256(uint32_t v, int i) {
+__device__ __forceinline__ uint32_t e4m4_pair_x256(uint32_t v, int lo, int hi) {
     if constexpr (Pack<T>::kF16) {
-        const uint32_t twice = __byte_perm(v, 0u, 0x4040u | (0x101u * i));  // bytes 0 and 2
-        return hmul2<T>(twice << 6, 0x6C006C00u);                            // times 2^12
+        const uint32_t two = __byte_perm(v, 0u, 0x4040u | lo | (hi << 8));  // bytes 0 and 2
+        return hmul2<T>(two << 6, 0x6C006C00u);                            // times 2^12
     } else {
-        const float f = e4m4_times(v, i, 256.0f);
-        return pack2(T{}, f, f);
+        return pack2(T{}, e4m4_times(v, lo, 256.0f), e4m4_times(v, hi, 256.0f));
     }
 }
 

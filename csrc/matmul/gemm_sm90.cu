@@ -515,44 +515,14 @@ struct StreamMaps {
 };
 
 // A row's four kbit block scales (sb = 1, 2 or 4 bytes each, contiguous at `at`) as pairs
-// of T: E4M4 times 2^8 (e4m4_pair_x256), fp16 as it is, fp32 rounded.
-template <class T>
-__device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, uint32_t (&s)[4]) {
-    if (sb == 1) {
-        const uint32_t v = lds_u32(at);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair_x256<T>(v, i);
-        static_assert(kE4M4Shift == 256.0f, "e4m4_pair_x256: times 2^8");
-    } else if (sb == 2) {
-        const uint2 v = lds_u32x2(at);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
-            if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
-            else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
-        }
-    } else {
-        const uint4 v = lds_u32x4(at);
-        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
-    }
-}
-
-// A row's four kbit block scales as kbit_scale_pairs' values, two to a word: chunks 0 and
-// 2 in s[0], 1 and 3 in s[1] (the multiply takes its half by hmul2_by_half). E4M4 fp16: the
-// code bytes at bit 6 of each half, one packed multiply by 2^12 a word (e4m4_pair_x256).
+// of T, two to a word: chunks 0 and 2 in s[0], 1 and 3 in s[1] (a multiply takes its half
+// by hmul2_by_half); E4M4 times 2^8 (e4m4_pair_x256), fp16 as it is, fp32 rounded.
 template <class T>
 __device__ __forceinline__ void kbit_scale_words(uint32_t at, int sb, uint32_t (&s)[2]) {
     if (sb == 1) {
         const uint32_t v = lds_u32(at);
-        if constexpr (Pack<T>::kF16) {
-            s[0] = hmul2<T>(__byte_perm(v, 0u, 0x4240u) << 6, 0x6C006C00u);
-            s[1] = hmul2<T>(__byte_perm(v, 0u, 0x4341u) << 6, 0x6C006C00u);
-        } else {
-            s[0] = pack2(T{}, e4m4_times(v, 0, 256.0f), e4m4_times(v, 2, 256.0f));
-            s[1] = pack2(T{}, e4m4_times(v, 1, 256.0f), e4m4_times(v, 3, 256.0f));
-        }
+        s[0] = e4m4_pair_x256<T>(v, 0, 2), s[1] = e4m4_pair_x256<T>(v, 1, 3);
+        static_assert(kE4M4Shift == 256.0f, "e4m4_pair_x256: times 2^8");
     } else if (sb == 2) {
         const uint2 v = lds_u32x2(at);
         const uint32_t h02 = __byte_perm(v.x, v.y, 0x5410u), h13 = __byte_perm(v.x, v.y, 0x7632u);
@@ -567,6 +537,31 @@ __device__ __forceinline__ void kbit_scale_words(uint32_t at, int sb, uint32_t (
         const uint4 v = lds_u32x4(at);
         s[0] = pack2(T{}, __uint_as_float(v.x), __uint_as_float(v.z));
         s[1] = pack2(T{}, __uint_as_float(v.y), __uint_as_float(v.w));
+    }
+}
+
+// ... as four pairs of T, chunk i's value in both halves of s[i] (the streamed GEMM's).
+// (Its halves are kbit_scale_words' bit for bit; taking them from there changes the
+// streamed GEMM's code, which waits for a GPU run: bench/RESULTS.md, session 18.)
+template <class T>
+__device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, uint32_t (&s)[4]) {
+    if (sb == 1) {
+        const uint32_t v = lds_u32(at);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair_x256<T>(v, i, i);
+    } else if (sb == 2) {
+        const uint2 v = lds_u32x2(at);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
+            if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
+            else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
+        }
+    } else {
+        const uint4 v = lds_u32x4(at);
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
     }
 }
 
