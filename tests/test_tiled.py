@@ -522,6 +522,33 @@ def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", [2, 5])
+def test_gpu_split_sums_same_bits(rng, k):
+    """Split k: every split but the last writes its partial sums, and the last adds them to
+    its own in split order once the others are in (gemm::sum_splits), so y has the same
+    bits whichever CTAs finish first. On sm_90 (plans of formats/matmul.h): 256 x 8192, m =
+    32 (two tiles split 16 ways); 640 x 4096, m = 256 (10 tiles of 128 x 128, 8 ways); 8448
+    x 1024, m = 128 (66 tiles, 2 ways). Three calls through the workspace give the same
+    bits, the first also without it (accuracy against the float64 reference, the workspace
+    left zeroed: check_tiled_entry)."""
+    import torch
+    for i, (n_out, k_in, m) in enumerate(((256, 8192, 32), (640, 4096, 256), (8448, 1024, 128))):
+        fmt = list(FORMATS)[(i + k) % 3]
+        dtype = ("float16", "bfloat16")[i % 2]
+        q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
+        t = kbit.tile(on_cuda(q))
+        x = random_x(rng, (m, k_in), dtype)
+        assert check_tiled_entry(t, k, fmt, x, random_x(rng, (n_out,), dtype), w64, dtype,
+                                 f"K={k} {n_out}x{k_in} m={m}") > 0
+        x_t = cuda_x(x, dtype)
+        runs = [kbit.matmul(x_t, t) for _ in range(3)]
+        torch.cuda.synchronize()
+        for y in runs[1:]:
+            assert torch.equal(y.view(torch.int16), runs[0].view(torch.int16)), (
+                f"K={k} {n_out}x{k_in} m={m}: split sums differ between calls")
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", [3, 4])
 def test_gpu_tiled_gemm_tail_split(rng, k):
     """The tiled GEMM's plan on sm_90 where whole waves of tiles leave a last one at most

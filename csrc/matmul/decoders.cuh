@@ -785,13 +785,17 @@ __device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t
     else return dec.scale_offset(row * chunks + chunk);
 }
 
-// Split k: this split's partial tile goes to the workspace in the threads' own order
-// (coalesced, 16 bytes a store: values 4 j .. 4 j + 3 of thread tid at float4 j kN + tid);
-// the last split of the tile to arrive (a counter a tile) reads all of them back in split
-// order (deterministic: the same bits whichever CTA comes last) into acc, clears them and
-// the counter, and returns true; the other splits return false. kPer values a thread
-// (a multiple of 4), kN threads (the first kN of the CTA), which meet through sync
-// (default: the CTA's barrier).
+// Split k: each split but the last writes its partial tile to the workspace in the
+// threads' own order (coalesced, 16 bytes a store: values 4 j .. 4 j + 3 of thread tid at
+// float4 j kN + tid) and counts itself in the tile's counter; the last split (splits - 1)
+// waits for the others' count, adds their partials to its own sums in split order
+// (deterministic: the same bits whichever CTA finishes first), clears them and the counter,
+// and returns true; the others return false. kPer values a thread (a multiple of 4), kN
+// threads (the first kN of the CTA), which meet through sync (default: the CTA's barrier).
+// The last split never writes or reads its own sums: 2 (splits - 1) tile-sized passes
+// through L2 on its SM, not 3 splits + 1 (bench/RESULTS.md, session 19). It may wait only
+// for items of lower index, which every CTA takes before its own last split: no CTA
+// waits on work queued behind it.
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
@@ -802,34 +806,38 @@ __device__ __forceinline__ bool sum_splits(float (&acc)[kPer], int64_t tile, int
     constexpr int kVec = kPer / 4;
     const int tid = threadIdx.x;
     float4 *all = reinterpret_cast<float4 *>(partials + tile * splits * (kPer * kN)) + tid;
-    float4 *mine = all + split * (kVec * kN);
+    if (split != splits - 1) {
+        float4 *mine = all + split * (kVec * kN);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-        mine[j * kN] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-    __threadfence();
+        for (int j = 0; j < kVec; ++j)
+            mine[j * kN] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        __threadfence();
+        sync();
+        if (tid == 0) atomicAdd(counters + tile, 1u);
+        return false;
+    }
+    if (tid == 0) {
+        const unsigned others = static_cast<unsigned>(splits - 1);
+        unsigned seen;
+        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + tile) : "memory");
+        while (seen != others);
+        counters[tile] = 0u;
+    }
     sync();
-    __shared__ bool last;
-    if (tid == 0) last = atomicAdd(counters + tile, 1u) == static_cast<unsigned>(splits - 1);
-    sync();
-    if (!last) return false;
     __threadfence();
     // a split's kVec loads in flight at once (one round trip to L2 a split, not one a
     // value), each partial zeroed behind its read for the next call (SPEC 6)
 #pragma unroll 1
-    for (int sp = 0; sp < splits; ++sp) {
+    for (int sp = 0; sp < splits - 1; ++sp) {
         float4 *part = all + sp * (kVec * kN);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
             const float4 v = __ldcg(part + j * kN);
-            acc[4 * j] = sp ? acc[4 * j] + v.x : v.x;
-            acc[4 * j + 1] = sp ? acc[4 * j + 1] + v.y : v.y;
-            acc[4 * j + 2] = sp ? acc[4 * j + 2] + v.z : v.z;
-            acc[4 * j + 3] = sp ? acc[4 * j + 3] + v.w : v.w;
+            acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) part[j * kN] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (tid == 0) counters[tile] = 0u;
     return true;
 }
 // The same, the last split storing each sum through store(i, v).

@@ -15,8 +15,9 @@
 //      the chunk's scale adds in float32 (so that no scale ever meets fp16's range).
 // Tiles are swizzled by 16-byte units (unit u of row r at u ^ (r % 8)) so that ldmatrix
 // and the decoder's stores are free of bank conflicts. With a workspace, shapes with few
-// tiles split k: every split writes its partial tile, the last to arrive (a counter per
-// tile) adds them in split order (deterministic), writes y and leaves the workspace zero.
+// tiles split k: every split but the last writes its partial tile, the last (once a
+// counter per tile says the others are in) adds them in split order (deterministic),
+// writes y and leaves the workspace zero (sum_splits, decoders.cuh).
 
 namespace gemm {
 

@@ -1107,25 +1107,30 @@ struct TiledGemmConfig {
     static constexpr int table_for(int copies) {
         return kQuads ? QuadTable::kBytes : 4 * Dec::kEntries * copies;
     }
-    // x halves in flight, and W stages enough for them and one more
-    static constexpr int bytes_for(int copies, int x_ring) {
-        return 1024 + x_ring * kX + (x_ring / 2 + 1) * kW + table_for(copies) + epi_bytes(BN);
+    // x halves in flight, and W stages: one more than they span (`slack` 1), or as many
+    static constexpr int bytes_for(int copies, int x_ring, int slack = 1) {
+        return 1024 + x_ring * kX + (x_ring / 2 + slack) * kW + table_for(copies) + epi_bytes(BN);
     }
     static constexpr int kBudget = (kCtas == 1 ? kSmem : 228 * 1024 / kCtas - 1024) - kStatic;
-    static constexpr int ring(int copies) {
+    static constexpr int ring(int copies, int slack = 1) {
         int r = kTMaxXRing;
-        while (r > 2 && bytes_for(copies, r) > kBudget) r -= 2;
+        while (r > 2 && bytes_for(copies, r, slack) > kBudget) r -= 2;
         return r;
     }
     static constexpr int kFull = table_copies<Dec::kEntries>();
-    // (K = 5 at N = 16 with half the copies, its x ring eight halves instead of four:
-    // measured 16-17% slower on the large weights, bench/RESULTS.md session 17.)
-    static constexpr int kCopies = ring(kFull) >= 4 ? kFull : kFull / 2;
-    static constexpr int kXRing = ring(kCopies);
-    static constexpr int kWRing = kXRing / 2 + 1;
-    static constexpr bool kBuilt = kXRing >= 4 && bytes_for(kCopies, kXRing) <= kBudget;
+    // The full table where four x halves fit beside it, W's ring one stage shorter if need
+    // be; else half the copies. K = 5 at N = 256: 16 copies and two W stages, not 8 copies
+    // and three (2-5% faster at m = 256..1024); at N = 32 with two CTAs: 16 copies, four x
+    // halves and two W stages, not 8, six and four (0-18% faster at m = 32; H200,
+    // bench/RESULTS.md session 19). (K = 5 at N = 16 with half the copies, its x ring eight
+    // halves instead of four: measured 16-17% slower on the large weights, session 17.)
+    static constexpr int kSlack = ring(kFull) >= 4 || ring(kFull, 0) < 4 ? 1 : 0;
+    static constexpr int kCopies = ring(kFull, kSlack) >= 4 ? kFull : kFull / 2;
+    static constexpr int kXRing = ring(kCopies, kSlack);
+    static constexpr int kWRing = kXRing / 2 + kSlack;
+    static constexpr bool kBuilt = kXRing >= 4 && bytes_for(kCopies, kXRing, kSlack) <= kBudget;
     static constexpr int kTable = table_for(kCopies);
-    static constexpr int bytes() { return bytes_for(kCopies, kXRing); }
+    static constexpr int bytes() { return bytes_for(kCopies, kXRing, kSlack); }
 };
 
 // The consumer warpgroups' own barrier (the producer warpgroup has left).
@@ -1255,7 +1260,7 @@ struct XHalves {
 };
 
 // An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
-// item's through the workspace, by its last split to arrive; staged (store_tile_staged)
+// item's through the workspace, by its last split; staged (store_tile_staged)
 // where staged_y, else element by element.
 template <class T, int BN>
 __device__ __forceinline__ void store_item(float (&acc)[BN / 2], const WorkItems::Item &item,
