@@ -540,29 +540,14 @@ __device__ __forceinline__ void kbit_scale_words(uint32_t at, int sb, uint32_t (
     }
 }
 
-// ... as four pairs of T, chunk i's value in both halves of s[i] (the streamed GEMM's).
-// (Its halves are kbit_scale_words' bit for bit; taking them from there changes the
-// streamed GEMM's code, which waits for a GPU run: bench/RESULTS.md, session 18.)
+// ... as four pairs of T, chunk i's value in both halves of s[i] (the streamed GEMM's):
+// kbit_scale_words' halves, each in both halves of a word.
 template <class T>
 __device__ __forceinline__ void kbit_scale_pairs(uint32_t at, int sb, uint32_t (&s)[4]) {
-    if (sb == 1) {
-        const uint32_t v = lds_u32(at);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = e4m4_pair_x256<T>(v, i, i);
-    } else if (sb == 2) {
-        const uint2 v = lds_u32x2(at);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint16_t h = static_cast<uint16_t>((i < 2 ? v.x : v.y) >> (16 * (i & 1)));
-            if constexpr (std::is_same_v<T, F16>) s[i] = h * 0x10001u;
-            else s[i] = pack2(T{}, f16_bits_to_f32(h), f16_bits_to_f32(h));
-        }
-    } else {
-        const uint4 v = lds_u32x4(at);
-        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = pack2(T{}, __uint_as_float(w4[i]), __uint_as_float(w4[i]));
-    }
+    uint32_t w[2];
+    kbit_scale_words<T>(at, sb, w);
+    s[0] = __byte_perm(w[0], 0u, 0x1010u), s[2] = __byte_perm(w[0], 0u, 0x3232u);
+    s[1] = __byte_perm(w[1], 0u, 0x1010u), s[3] = __byte_perm(w[1], 0u, 0x3232u);
 }
 
 // Tiled kbit, read by the tiled GEMM below (not by the streamed GEMM: its lanes gather
@@ -1259,6 +1244,28 @@ struct XHalves {
     }
 };
 
+// The persistent GEMMs' two rings: RX x halves of kX bytes from x_at, then RW W stages of
+// kW bytes; their full and empty mbarriers in `bars` (x's, then W's: pinned, or ptxas
+// rebuilds the address from the CTA's shared window every stage) and, last, the x ring's
+// spare (XHalves: the consumers' first release goes there). One thread inits them.
+template <int RX, int kX, int RW, int kW>
+struct Rings {
+    static constexpr int kBars = 2 * (RX + RW) + 1;
+    Ring x, w;
+    __device__ Rings(uint32_t x_at, const uint64_t *bars) {
+        const uint32_t b = pinned(smem_address(bars));
+        x = Ring{x_at, kX, b, b + 8 * RX, RX};
+        w = Ring{x_at + RX * kX, kW, b + 16 * RX, b + 16 * RX + 8 * RW, RW};
+    }
+    __device__ uint32_t spare() const { return w.empty + 8 * RW; }
+    __device__ void init() const {
+        x.init(kThreads90), w.init(kThreads90);
+        mbar_init(spare(), kThreads90);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __device__ XHalves<kX> halves() const { return XHalves<kX>(x.at, x.full, x.empty, spare()); }
+};
+
 // An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
 // item's through the workspace, by its last split; staged (store_tile_staged)
 // where staged_y, else element by element.
@@ -1329,23 +1336,15 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
     uint32_t *table = reinterpret_cast<uint32_t *>(base + RX * C::kX + RW * C::kW);
-    // full and empty barriers of the x halves, then of the W stages, then a spare one
-    // (x_spare: the consumers' first release goes there, see below); pinned, or ptxas
-    // rebuilds the address from the CTA's shared window every stage
-    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 2 + 1) + 1];
-    const uint32_t x_full = pinned(smem_address(bars)), x_empty = x_full + 8 * RX;
-    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW, x_spare = w_empty + 8 * RW;
+    using Rg = Rings<RX, C::kX, RW, C::kW>;
+    __shared__ alignas(8) uint64_t bars[Rg::kBars];
+    const Rg rings(x_at, bars);
+    const Ring &xr = rings.x, &wr = rings.w;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
     const WorkItems items(m, n_out, groups, BN, whole, splits);
-    const Ring wr{w_at, C::kW, w_full, w_empty, RW}, xr{x_at, C::kX, x_full, x_empty, RX};
-
-    if (tid == 0) {
-        xr.init(kThreads90), wr.init(kThreads90);
-        mbar_init(x_spare, kThreads90);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) rings.init();
     float out_mul;
     if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec>(table, codebook, k));
     else out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
@@ -1394,11 +1393,11 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     // Ring positions: a stage's x halves are slots xs and xs + 1 (xs even), of one phase.
     int xs = 0, ws = 0;
     uint32_t x_phase = 0, w_phase = 0;
-    XHalves<C::kX> xh(x_at, x_full, x_empty, x_spare);
+    XHalves<C::kX> xh = rings.halves();
     for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
         const WorkItems::Item item = items[it];
         for (int q = 0; q < item.stages; ++q) {
-            const uint32_t w_slot = ws * C::kW + mbar_wait(w_full + 8 * ws, w_phase);
+            const uint32_t w_slot = ws * C::kW + mbar_wait(wr.full + 8 * ws, w_phase);
             // the g's segments in the slot: their span (4 x 8K bytes) starts on its own
             // size, so a load at `at` is seg_base ^ at, swizzled ^ line_xor too (one LOP3);
             // line_xor pinned a stage, or ptxas keeps eight such addresses a lane across
@@ -1417,7 +1416,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     if (h == 0) load_half_segment<K, 0>(a, w[sq]);
                     else load_half_segment<K, 1>(a, w[sq]);
                 }
-                if (h == 1) mbar_arrive(w_empty + 8 * ws);  // the W slot is read
+                if (h == 1) mbar_arrive(wr.empty + 8 * ws);  // the W slot is read
 #pragma unroll
                 for (int sq = 0; sq < 4; ++sq) shift_half<K>(w[sq], sel);
                 const uint64_t b = xh.wait(xs + h, x_phase);
@@ -1835,19 +1834,14 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     uint8_t *base = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     const uint32_t x_at = smem_address(base), w_at = x_at + RX * C::kX;
     const uint32_t staging = w_at + RW * C::kW;
-    // (the x halves' and W stages' full and empty barriers, a spare one: as the tiled GEMM)
-    __shared__ alignas(8) uint64_t bars[2 * (kTMaxXRing + kTMaxXRing / 4 + 1) + 1];
-    const uint32_t x_full = pinned(smem_address(bars)), x_empty = x_full + 8 * RX;
-    const uint32_t w_full = x_empty + 8 * RX, w_empty = w_full + 8 * RW, x_spare = w_empty + 8 * RW;
+    using Rg = Rings<RX, C::kX, RW, C::kW>;
+    __shared__ alignas(8) uint64_t bars[Rg::kBars];
+    const Rg rings(x_at, bars);
+    const Ring &xr = rings.x, &wr = rings.w;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const WorkItems items(m, n_out, k_in / gg::kStageK, BN, whole, splits);
-    const Ring wr{w_at, C::kW, w_full, w_empty, RW}, xr{x_at, C::kX, x_full, x_empty, RX};
-    if (tid == 0) {
-        xr.init(kThreads90), wr.init(kThreads90);
-        mbar_init(x_spare, kThreads90);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) rings.init();
     __syncthreads();
 
     if (warp >= kThreads90 / 32) {  // the producer: W a stage (one box), then x's four halves
@@ -1874,12 +1868,12 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     uint32_t a[2][2][4];  // A fragments of a chunk's two k16 steps, two chunks' buffers
     RingPos ws, xs;
-    XHalves<C::kX> xh(x_at, x_full, x_empty, x_spare);
+    XHalves<C::kX> xh = rings.halves();
     for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
         const WorkItems::Item item = items[it];
         for (int q = 0; q < item.stages; ++q) {
             const int64_t gi = item.g_begin + q;
-            const uint32_t ra = row_a + ws.slot * C::kW + mbar_wait(w_full + 8 * ws.slot, ws.phase) +
+            const uint32_t ra = row_a + ws.slot * C::kW + mbar_wait(wr.full + 8 * ws.slot, ws.phase) +
                                 static_cast<uint32_t>((gi * F::kStageBytes) & 15);
             const uint32_t rb = ra + 8 * F::kBox;
             const typename F::Row row_ga = F::row(ra, t), row_gb = F::row(rb, t);
@@ -1887,7 +1881,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
                 if (h % F::kSpan == 0) wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
-                if (h == 3) mbar_arrive(w_empty + 8 * ws.slot);  // the W slot is read
+                if (h == 3) mbar_arrive(wr.empty + 8 * ws.slot);  // the W slot is read
                 const uint64_t b = xh.wait(xs.slot, xs.phase);
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // chunk 2h + u
