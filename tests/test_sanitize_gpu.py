@@ -154,6 +154,22 @@ def test_streamed_x_paths(rng, n_out, k_in, m):
                            atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_streamed_two_units_a_warp(rng, k):
+    """The streamed tiled GEMV taking two units a warp a stage (K = 2 and 3 on rows of 128
+    groups or more): 16416 elements, 129 groups, a last stage of one unit whose group has
+    one chunk."""
+    torch = _torch()
+    w = torch.randn(24, 16416, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=k))
+    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
+    a = torch.randn(3, 16416, device="cuda", dtype=torch.float16)
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                       atol=2e-2 * np.abs(ref).max())
+
+
 def _weights(rng):
     torch = _torch()
     w = torch.randn(40, 512, device="cuda", dtype=torch.float16)

@@ -291,10 +291,12 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     rows of one, two and several ring stages with a short last one, a last group of one
     chunk, n_out off the tile, every absmax format, bias, m = 1..16, x copied with each
     stage or (8500 rows: three row tiles or more a CTA) held for the whole kernel, K = 2's
-    pair table and (40x53280: 27 stages a CTA, kQuadMinStages) its quad table; against the
-    float64 reference; and x resident beyond 72 KB (17024x4672, m = 8)."""
+    pair table and (40x53280: 27 stages a CTA, kQuadMinStages) its quad table; K = 2 and
+    3 with two units a warp a stage on rows of 128 groups or more (40x53280; 700x16416: 129
+    groups, a last stage of one unit whose group has one chunk); against the float64
+    reference; and x resident beyond 72 KB (17024x4672, m = 8)."""
     for i, (n_out, k_in) in enumerate(((2500, 1312), (4100, 160), (2113, 4128), (5, 9216),
-                                       (8500, 416), (40, 53280))):
+                                       (8500, 416), (40, 53280), (700, 16416))):
         fmt = list(FORMATS)[(i + k) % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
         t = kbit.tile(on_cuda(q))
@@ -325,8 +327,9 @@ def test_gpu_streamed_gemv_shapes(rng, k):
 @requires_gpu
 def test_gpu_streamed_quads_with_resident_x():
     """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
-    three or more a CTA on up to 138 SMs; 32 stages a CTA), m = 1 and 2 (32 and 64 KB of
-    x); made on the GPU, against x times the dequantized W in float32."""
+    three or more a CTA on up to 138 SMs; 32 stages of 16 units a CTA, taken as 16 of two
+    units a warp: 128 groups a row), m = 1 and 2 (32 and 64 KB of x); made on the GPU,
+    against x times the dequantized W in float32."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(5)
     w = torch.randn(6656, 16384, device="cuda", generator=gen)

@@ -636,27 +636,44 @@ __host__ __device__ constexpr int64_t x_row_stride(int64_t row_bytes, int read) 
     return (row_bytes + 127) / 128 * 128 + 4 * read;
 }
 
+// A codebook entry of the first warp's lanes (lane < 2^k; 0.0 past the entries and in the
+// other warps), loaded once from global memory (the table fills loaded the codebook twice,
+// one load waiting for the other). A kernel that issues bulk copies before it fills its
+// table calls book_entry first, so that this load does not queue behind them.
+struct BookEntry {
+    float v = 0.0f;
+};
+template <class Dec>
+__device__ __forceinline__ BookEntry book_entry(const float *codebook, int k) {
+    BookEntry e;
+    if constexpr (Dec::kUsesCodebook) {
+        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
+        const int lane = threadIdx.x & 31;
+        if (threadIdx.x < 32 && lane < (1 << k)) e.v = cb[lane];
+    }
+    return e;
+}
+
 // The factor a codebook's pair entries are divided by (its largest |entry|, 1 if all are
 // zero, or for the fixed NF4/FP4 tables), returned after fill(entry) wrote the table from
-// entry(e), pair e's value, and a barrier.
+// entry(e), pair e's value, and a barrier. The first warp puts the codebook (book_entry's)
+// in shared memory, which the fill reads: one global load a kernel.
 template <class Dec, class Fill>
-__device__ float fill_book(uint32_t *table, const float *codebook, int k, Fill &&fill) {
-    __shared__ float book_max;
+__device__ float fill_book(uint32_t *table, BookEntry be, Fill &&fill) {
+    __shared__ float book[32], book_max;
     if constexpr (!Dec::kUsesCodebook) {
         fill([](int e) { return Dec::entry(e); });
         __syncthreads();
         return 1.0f;
     } else {
-        const float *cb = codebook ? codebook : g_normal_float.v[k - 2];
-        const int lane = threadIdx.x & 31;
         if (threadIdx.x < 32) {
-            const float a = lane < (1 << k) ? fabsf(cb[lane]) : 0.0f;
-            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(a));
-            if (lane == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
+            book[threadIdx.x] = be.v;
+            const unsigned mx = __reduce_max_sync(kFull, __float_as_uint(fabsf(be.v)));
+            if (threadIdx.x == 0) book_max = mx ? __uint_as_float(mx) : 1.0f;
         }
         __syncthreads();
         const float scale = book_max, inv_max = 1.0f / scale;
-        fill([&](int e) { return Dec::entry(e, cb, inv_max); });
+        fill([&](int e) { return Dec::entry(e, book, inv_max); });
         __syncthreads();
         return scale;
     }
@@ -665,10 +682,14 @@ __device__ float fill_book(uint32_t *table, const float *codebook, int k, Fill &
 // Fills the CTA's pair table for decoder Dec and returns the factor its entries were
 // divided by (fill_book's). Ends with a barrier.
 template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
-__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
-    return fill_book<Dec>(table, codebook, k, [&](auto entry) {
+__device__ float fill_pair_table(uint32_t *table, BookEntry be) {
+    return fill_book<Dec>(table, be, [&](auto entry) {
         fill_table<Dec::kEntries, kCopies>(table, entry);
     });
+}
+template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
+__device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) {
+    return fill_pair_table<Dec, kCopies>(table, book_entry<Dec>(codebook, k));
 }
 
 // The quad table of K = 2 (the streamed tiled GEMV): entry e, a byte of two pair indices
@@ -687,9 +708,9 @@ struct QuadTable {
 };
 // Fills the quad table of the K = 2 pair decoder Dec; returns fill_book's factor.
 template <class Dec>
-__device__ float fill_quad_table(uint32_t *table, const float *codebook, int k) {
+__device__ float fill_quad_table(uint32_t *table, BookEntry be) {
     static_assert(Dec::kEntries == 16, "K = 2: pairs of 2-bit codes");
-    return fill_book<Dec>(table, codebook, k, [&](auto entry) {
+    return fill_book<Dec>(table, be, [&](auto entry) {
         for (int e = threadIdx.x; e < QuadTable::kEntries; e += blockDim.x) {
             const uint32_t lo = entry(e & 15), hi = entry(e >> 4);
             uint4 *row = reinterpret_cast<uint4 *>(table + e * 2 * QuadTable::kCopies);

@@ -704,8 +704,8 @@ struct StoredKbitSrc {
 // A CTA's pair table for a source, filled by all its threads and ending at a barrier.
 // Returns the factor the sums take at the output (what the whole weight shares).
 template <class T, int kCopies, class Src>
-__device__ float fill_source_tables(const Src &src, uint32_t *table, const float *codebook, int k) {
-    return src.out_mul(fill_pair_table<typename Src::Dec, kCopies>(table, codebook, k));
+__device__ float fill_source_tables(const Src &src, uint32_t *table, BookEntry book) {
+    return src.out_mul(fill_pair_table<typename Src::Dec, kCopies>(table, book));
 }
 
 template <class Src, int BN>
@@ -770,6 +770,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     const int stages = static_cast<int>(groups * (split + 1) / splits) - g_begin;
     const uint32_t ring_at = smem_address(ring), b_at = smem_address(btile);
     const uint32_t full_at = smem_address(full);
+    const BookEntry book = book_entry<typename Src::Dec>(codebook, k);  // before the copies
 
     if (tid == 0) {
         for (int s = 0; s < R; ++s) mbar_init(full_at + 8 * s, 1);
@@ -790,7 +791,7 @@ stream90_kernel(Src src, const float *__restrict__ codebook, int k,
     if (tid == 0)
         for (int q = 0; q < (stages < R ? stages : R); ++q) issue(q);
 
-    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
+    const float out_mul = fill_source_tables<T, C::kCopies>(src, table, book);
     const auto my_table = lane_table<C::kCopies>(table);
 
     // Permutes a stage's x (in its slot) into x tile `b`, a 16-byte unit of the tile a
@@ -1345,9 +1346,10 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
     const WorkItems items(m, n_out, groups, BN, whole, splits);
     if (tid == 0) rings.init();
+    const BookEntry book = book_entry<Dec>(codebook, k);
     float out_mul;
-    if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec>(table, codebook, k));
-    else out_mul = fill_source_tables<T, C::kCopies>(src, table, codebook, k);
+    if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec>(table, book));
+    else out_mul = fill_source_tables<T, C::kCopies>(src, table, book);
 
     // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
     // one CTA an SM, 96 with two (launched at 80: 384 x 80 = 128 x 40 + 256 x 96 + 1024;

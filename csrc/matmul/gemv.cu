@@ -333,11 +333,12 @@ constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md
 constexpr int kStreamSmem = 208 * 1024;
 
 // One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units],
-// a unit a consumer warp. (Two warps a unit, for m = 9..16, measured slower than the
-// register kernel: bench/RESULTS.md, session 7.)
-template <int K, kbit_absmax_format FMT>
+// kPerWarp units a consumer warp (warp w takes units w, w + kStreamWarps, ...). (Two warps
+// a unit, for m = 9..16, measured slower than the register kernel: bench/RESULTS.md,
+// session 7.)
+template <int K, kbit_absmax_format FMT, int kPerWarp = 1>
 struct StreamStage {
-    static constexpr int kUnits = kStreamWarps;
+    static constexpr int kUnits = kStreamWarps * kPerWarp;
     static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
     static constexpr int kUnitW = tiled::kLanes * 8 * K;                        // bytes of W
     static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * kSB;  // of scales
@@ -353,6 +354,13 @@ struct StreamStage {
 // 32 KB are filled before a stage is read, which measured slower on fewer (bench/RESULTS.md,
 // session 16).
 constexpr int kQuadMinStages = 24;
+// K = 2 and 3, whose units are short, take two units a warp a stage (a stage's wait,
+// release and bookkeeping paid once for twice the weights) where a row has kPairMinGroups
+// groups or more. Measured (H100, bench/RESULTS.md, session 20): 8192x28672 (224 groups)
+// K = 2 / 3 at m = 4 and 8 9-14% faster, m = 1 -2% / +1%; rows of 64 groups or fewer up to
+// 5% slower at m = 1..4 and 11-15% at m = 8 (fewer, larger stages a CTA).
+constexpr int kPairMinGroups = 128;
+constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
 template <class T, int K, kbit_absmax_format FMT, bool kQuads>
 constexpr int stream_table_bytes() {
     return kQuads ? QuadTable::kBytes : table_bytes<KbitStaged<T, K, FMT>>();
@@ -476,9 +484,9 @@ __device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, float out, int6
 
 // The consumer warps' walk over a CTA's stages: each stage waited for, body(at, g0) (its
 // slot's shared offset, which carries the wait's zero, and its first unit of the row of
-// `groups` units, kStreamWarps a stage), released by every lane (each its own reads);
+// `groups` units, kUnits a stage), released by every lane (each its own reads);
 // after a row tile's last stage its sums, times out, go to y.
-template <class T, int NT, class Body>
+template <class T, int kUnits, int NT, class Body>
 __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int groups,
                                                uint32_t full_at, uint32_t empty_at,
                                                int ring_stages, int stage_bytes, int64_t m,
@@ -492,7 +500,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
         body(c.at + mbar_wait(full_at + 8 * c.slot, c.phase), g0);
         mbar_arrive(empty_at + 8 * c.slot);
         c.next(ring_stages, stage_bytes);
-        if ((g0 += kStreamWarps) < groups) continue;
+        if ((g0 += kUnits) < groups) continue;
         g0 = 0;
         store_stream_tile<T>(acc, out, tile * kTileRows, 0, m, n_out, bias, y);
         ++tile;
@@ -500,7 +508,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
 }
 
 // Up to 8 rows of x (one n8 tile).
-template <class T, int K, kbit_absmax_format FMT, bool kQuads>
+template <class T, int K, kbit_absmax_format FMT, bool kQuads, int kPerWarp>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -512,7 +520,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #else
     static_assert(!kQuads || K == 2, "the quad table is K = 2's");
     using Dec = KbitStaged<T, K, FMT>;  // its pair entries
-    using St = StreamStage<K, FMT>;
+    using St = StreamStage<K, FMT, kPerWarp>;
     constexpr int kSB = St::kSB, kUnits = St::kUnits;
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
@@ -533,13 +541,16 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
     const uint32_t x_full_at = smem_address(&x_full);
+    const BookEntry book_at_start = book_entry<Dec>(codebook, K);  // before the copies below
     if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
     __syncthreads();
 
     // The producer (one lane): stage q is groups [g0, g0 + n) of tile first + q /
     // stages_per_tile, g0 = kUnits (q % stages_per_tile), in slot q % ring_stages; it
-    // waits for the slot's release from its last round before reusing it. The first round
-    // goes out before the pair table is filled, the rest after.
+    // waits for the slot's release from its last round before reusing it. The first
+    // kFirstStages stages go out before the pair table is filled, the rest after (the whole
+    // first round there kept the fill's barrier waiting for this lane: bench/RESULTS.md,
+    // session 20).
     const bool producer = warp == kStreamWarps;
     const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
     const auto *xb = reinterpret_cast<const uint8_t *>(x);
@@ -567,12 +578,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     };
     if (producer && lane == 0) {
         rx.load(x_full_at, xb, k_in, x_policy);
-        produce(stages < ring_stages ? stages : ring_stages);
+        produce(stages < kFirstStages ? stages : kFirstStages);
     }
 
     float book;
-    if constexpr (kQuads) book = fill_quad_table<Dec>(table, codebook, K);
-    else book = fill_pair_table<Dec>(table, codebook, K);
+    if constexpr (kQuads) book = fill_quad_table<Dec>(table, book_at_start);
+    else book = fill_pair_table<Dec>(table, book_at_start);
     const ChunkScales<kSB> scale(ts * book);
     if (producer) {
         if (lane == 0) produce(stages);
@@ -611,31 +622,38 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     };
 
     Sums<1> acc;
-    consume_stages<T>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out, bias, y,
-                      acc, scale.out, [&](uint32_t at, int g0) {
-        // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
-        const int left = chunks - (g0 + warp) * tiled::kGroupChunks;
-        if (left > 0 && g0 + warp < groups) {
-            uint32_t w[2 * K];  // the lane's segment
-            seg.load(at, w);
-            uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
-            load_scales(sc_at + at, sa);
-            load_scales(sc_at + at + 8 * tiled::kGroupChunks * kSB, sb);
-            auto one = [&](int v) {  // chunk v of the unit
-                uint32_t pa[4], pb[4];
-                chunk_pairs<K>(w, v, my_table, pa, pb);
-                const float fa = scale(sa, v), fb = scale(sb, v);
-                const uint4 xv =
-                    lds_u32x4((rx.on() ? x_at + g0 * St::kXUnit : x_at + at) + v * kChunk * 2);
-                chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
-            };
-            if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
+    consume_stages<T, kUnits>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out,
+                              bias, y, acc, scale.out, [&](uint32_t at, int g0) {
 #pragma unroll
-                for (int v = 0; v < kUnitChunks; ++v) one(v);
-            } else {
+        for (int u = 0; u < kPerWarp; ++u) {  // unit warp + u kStreamWarps of the stage
+            const int unit = g0 + warp + u * kStreamWarps;
+            const uint32_t ua = at + u * kStreamWarps * St::kUnitW,
+                           us = at + u * kStreamWarps * St::kUnitS;
+            // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
+            const int left = chunks - unit * tiled::kGroupChunks;
+            if (left > 0 && unit < groups) {
+                uint32_t w[2 * K];  // the lane's segment
+                seg.load(ua, w);
+                uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
+                load_scales(sc_at + us, sa);
+                load_scales(sc_at + us + 8 * tiled::kGroupChunks * kSB, sb);
+                const uint32_t xu = (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) +
+                                    u * kStreamWarps * St::kXUnit;
+                auto one = [&](int v) {  // chunk v of the unit
+                    uint32_t pa[4], pb[4];
+                    chunk_pairs<K>(w, v, my_table, pa, pb);
+                    const float fa = scale(sa, v), fb = scale(sb, v);
+                    const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+                    chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
+                };
+                if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
-                for (int v = 0; v < kUnitChunks; ++v)
-                    if (v < left) one(v);
+                    for (int v = 0; v < kUnitChunks; ++v) one(v);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < kUnitChunks; ++v)
+                        if (v < left) one(v);
+                }
             }
         }
     });
@@ -1195,24 +1213,28 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     StreamLaunch l;
                     bool quads = false;
+                    const int64_t groups = blocks_of(k_in / kChunk, tiled::kGroupChunks);
+                    const bool pairs = K <= 3 && groups >= kPairMinGroups;
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
                         auto plan = [&](int table) {
                             return stream_launch(n_out, k_in, rows, rows, true, 16, table,
-                                                 StreamStage<K, F>::bytes, l, kResidentXTiled);
+                                                 pairs ? StreamStage<K, F, 2>::bytes
+                                                       : StreamStage<K, F, 1>::bytes,
+                                                 l, kResidentXTiled);
                         };
                         err = plan(stream_table_bytes<T, K, F, false>());
                         if (err != cudaSuccess) return;
                         // K = 2: the quad table where a CTA reads enough stages
-                        const int64_t per_tile = blocks_of(
-                            blocks_of(k_in / kChunk, tiled::kGroupChunks), kStreamWarps);
+                        const int64_t per_tile = blocks_of(groups, kStreamWarps);
                         quads = K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) *
                                                   per_tile >= kQuadMinStages;
                         if (quads) err = plan(stream_table_bytes<T, K, F, true>());
                         if (err != cudaSuccess) return;
                     }
-                    auto streamed = [&](auto q) {
-                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value>;
+                    auto streamed = [&](auto q, auto per_warp) {
+                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value,
+                                                                  decltype(per_warp)::value>;
                         err = allow_smem<kernel>(kStreamSmem);
                         if (err != cudaSuccess) return;
                         kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
@@ -1223,11 +1245,18 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             l.x_stride);
                     };
                     if (l.ring >= 2) {
+                        using One = std::integral_constant<int, 1>;
+                        using Two = std::integral_constant<int, 2>;
                         if constexpr (K == 2) {
-                            if (quads) streamed(std::true_type{});
-                            else streamed(std::false_type{});
+                            if (quads && pairs) streamed(std::true_type{}, Two{});
+                            else if (quads) streamed(std::true_type{}, One{});
+                            else if (pairs) streamed(std::false_type{}, Two{});
+                            else streamed(std::false_type{}, One{});
+                        } else if constexpr (K == 3) {
+                            if (pairs) streamed(std::false_type{}, Two{});
+                            else streamed(std::false_type{}, One{});
                         } else {
-                            streamed(std::false_type{});
+                            streamed(std::false_type{}, One{});
                         }
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
