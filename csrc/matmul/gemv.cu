@@ -357,8 +357,9 @@ constexpr int kQuadMinStages = 24;
 // K = 2 and 3, whose units are short, take two units a warp a stage (a stage's wait,
 // release and bookkeeping paid once for twice the weights) where a row has kPairMinGroups
 // groups or more. Measured (H100, bench/RESULTS.md, session 20): 8192x28672 (224 groups)
-// K = 2 / 3 at m = 4 and 8 9-14% faster, m = 1 -2% / +1%; rows of 64 groups or fewer up to
-// 5% slower at m = 1..4 and 11-15% at m = 8 (fewer, larger stages a CTA).
+// K = 2 / 3 at m = 4 and 8 9-14% faster, m = 1 -2% / +1%; 4096x14336 (112 groups) 3-11%
+// slower at m = 1..8; rows of 64 groups or fewer up to 5% slower at m = 1..4 and 11-15% at
+// m = 8 (fewer, larger stages a CTA).
 constexpr int kPairMinGroups = 128;
 constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
 template <class T, int K, kbit_absmax_format FMT, bool kQuads>
