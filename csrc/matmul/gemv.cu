@@ -1226,7 +1226,8 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         };
                         err = plan(stream_table_bytes<T, K, F, false>());
                         if (err != cudaSuccess) return;
-                        // K = 2: the quad table where a CTA reads enough stages
+                        // K = 2: the quad table where a CTA reads enough stages (counted
+                        // in stages of kStreamWarps units, whichever its kernel takes)
                         const int64_t per_tile = blocks_of(groups, kStreamWarps);
                         quads = K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) *
                                                   per_tile >= kQuadMinStages;
@@ -1245,19 +1246,18 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             static_cast<const S *>(bias), static_cast<S *>(y), l.ring,
                             l.x_stride);
                     };
+                    // two units a warp only at K <= 3 (`pairs` is false above)
+                    auto per_warp = [&](auto q) {
+                        if constexpr (K <= 3)
+                            if (pairs) return streamed(q, std::integral_constant<int, 2>{});
+                        streamed(q, std::integral_constant<int, 1>{});
+                    };
                     if (l.ring >= 2) {
-                        using One = std::integral_constant<int, 1>;
-                        using Two = std::integral_constant<int, 2>;
                         if constexpr (K == 2) {
-                            if (quads && pairs) streamed(std::true_type{}, Two{});
-                            else if (quads) streamed(std::true_type{}, One{});
-                            else if (pairs) streamed(std::false_type{}, Two{});
-                            else streamed(std::false_type{}, One{});
-                        } else if constexpr (K == 3) {
-                            if (pairs) streamed(std::false_type{}, Two{});
-                            else streamed(std::false_type{}, One{});
+                            if (quads) per_warp(std::true_type{});
+                            else per_warp(std::false_type{});
                         } else {
-                            streamed(std::false_type{}, One{});
+                            per_warp(std::false_type{});
                         }
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
