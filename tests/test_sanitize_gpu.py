@@ -170,6 +170,21 @@ def test_streamed_two_units_a_warp(rng, k):
                        atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("m", [1, 8])
+def test_streamed_quad_tables(rng, m):
+    """K = 2's quad table (40x53280: 27 stages a CTA) in 32 copies (m = 1) and in 16 (m = 8:
+    x copied with each stage, where 32 would leave less than a ring of two)."""
+    torch = _torch()
+    w = torch.randn(40, 53280, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=2))
+    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
+    a = torch.randn(m, 53280, device="cuda", dtype=torch.float16)
+    y = kbit.matmul(a, t)
+    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                       atol=2e-2 * np.abs(ref).max())
+
+
 def _weights(rng):
     torch = _torch()
     w = torch.randn(40, 512, device="cuda", dtype=torch.float16)

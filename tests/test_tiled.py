@@ -328,21 +328,24 @@ def test_gpu_streamed_gemv_shapes(rng, k):
 def test_gpu_streamed_quads_with_resident_x():
     """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
     three or more a CTA on up to 138 SMs; 32 stages of 16 units a CTA, taken as 16 of two
-    units a warp: 128 groups a row), m = 1 and 2 (32 and 64 KB of x); made on the GPU,
+    units a warp: 128 groups a row), m = 1 and 2 (32 and 64 KB of x), the table in 32
+    copies; 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs; 128 KB of x,
+    beside which 32 copies would leave no ring of three: 16 copies); made on the GPU,
     against x times the dequantized W in float32."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(5)
-    w = torch.randn(6656, 16384, device="cuda", generator=gen)
-    q = kbit.quantize(w, k=2)
-    del w
-    w32 = kbit.dequantize(q, dtype="float32")
-    t = kbit.tile(q)
-    for m in (1, 2):
-        x = torch.randn(m, 16384, device="cuda", generator=gen).half()
-        y = kbit.matmul(x, t).float()
-        ref = x.float() @ w32.T
-        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
-        assert err <= TOL["float16"], f"6656x16384 m={m}: relative error {err:.3g}"
+    for n_out, k_in, ms in ((6656, 16384, (1, 2)), (17024, 8192, (8,))):
+        w = torch.randn(n_out, k_in, device="cuda", generator=gen)
+        q = kbit.quantize(w, k=2)
+        del w
+        w32 = kbit.dequantize(q, dtype="float32")
+        t = kbit.tile(q)
+        for m in ms:
+            x = torch.randn(m, k_in, device="cuda", generator=gen).half()
+            y = kbit.matmul(x, t).float()
+            ref = x.float() @ w32.T
+            err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+            assert err <= TOL["float16"], f"{n_out}x{k_in} m={m}: relative error {err:.3g}"
 
 
 @requires_gpu

@@ -140,11 +140,12 @@ __device__ __forceinline__ LaneTable<kCopies> lane_table(const uint32_t *table) 
 
 // Fills entries [0, kEntries) of the table with value(e), every one of its `copies`
 // (table_copies by default), 16 bytes a store.
-template <int kEntries, int copies = table_copies<kEntries>(), class Value>
+// Entry e's copies start at word kRow e (kRow = copies: back to back).
+template <int kEntries, int copies = table_copies<kEntries>(), int kRow = copies, class Value>
 __device__ void fill_table(uint32_t *table, Value &&value) {
     for (int e = threadIdx.x; e < kEntries; e += blockDim.x) {
         const uint32_t v = value(e);
-        uint4 *row = reinterpret_cast<uint4 *>(table + e * copies);
+        uint4 *row = reinterpret_cast<uint4 *>(table + e * kRow);
 #pragma unroll
         for (int c = 0; c < copies / 4; ++c) row[c] = make_uint4(v, v, v, v);
     }
@@ -681,10 +682,10 @@ __device__ float fill_book(uint32_t *table, BookEntry be, Fill &&fill) {
 
 // Fills the CTA's pair table for decoder Dec and returns the factor its entries were
 // divided by (fill_book's). Ends with a barrier.
-template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
+template <class Dec, int kCopies = table_copies<Dec::kEntries>(), int kRow = kCopies>
 __device__ float fill_pair_table(uint32_t *table, BookEntry be) {
     return fill_book<Dec>(table, be, [&](auto entry) {
-        fill_table<Dec::kEntries, kCopies>(table, entry);
+        fill_table<Dec::kEntries, kCopies, kRow>(table, entry);
     });
 }
 template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
@@ -692,36 +693,88 @@ __device__ float fill_pair_table(uint32_t *table, const float *codebook, int k) 
     return fill_pair_table<Dec, kCopies>(table, book_entry<Dec>(codebook, k));
 }
 
-// The quad table of K = 2 (the streamed tiled GEMV): entry e, a byte of two pair indices
-// (the low nibble's pair first), is the two pairs' entries side by side (8 bytes), in 16
-// copies 8 bytes apart: entry e of copy c at 128 e + 8 c. A 64-bit load is served a half
-// warp at a time, so 16 copies keep a load's lanes on distinct banks.
-struct QuadTable {
-    static constexpr int kEntries = 256, kCopies = 16, kBytes = kEntries * kCopies * 8;
+// A table whose entries are rows of 256 bytes, 32 copies of kEntryBytes each (the lane's
+// copy at kEntryBytes lane, below 256), which a byte of a register indexes: the byte as
+// the address' byte 1 beside the lane's offset as byte 0 (zero bytes above) is one byte
+// permute, and the load adds the table's warp-uniform address (`LDS [R+UR]`). Rows of
+// 128 bytes (16 copies of 8 bytes, or 32 of 4) take a shift or a byte permute and then a
+// LOP3 or a multiply-add for the same address: one instruction more an entry.
+template <int kEntryBytes>
+struct ByteRows {
+    static constexpr int kRowBytes = 256, kBytes = 256 * kRowBytes;  // 64 KB
     uint32_t table;  // shared address (the same in every lane)
-    uint32_t lane;   // the lane's copy: 8 (lane % 16)
+    uint32_t lane;   // kEntryBytes lane
+    // The address of the entry of byte b of w (b a compile-time constant).
+    __device__ __forceinline__ uint32_t at(uint32_t w, int b) const {
+        return table + __byte_perm(w, lane, 0x7604u | static_cast<uint32_t>(b) << 4);
+    }
+};
+template <int kEntryBytes>
+__device__ __forceinline__ ByteRows<kEntryBytes> byte_rows(const uint32_t *table) {
+    return {static_cast<uint32_t>(__cvta_generic_to_shared(table)),
+            opaque(kEntryBytes * static_cast<uint32_t>(threadIdx.x & 31))};
+}
+
+// The pair table of K = 4 (whose pair indices are bytes) in ByteRows: entry e of copy c
+// at 256 e + 4 c, the upper half of a row unused. (The streamed tiled GEMV.)
+struct BytePairTable : ByteRows<4> {};
+template <class Dec>
+__device__ float fill_byte_pair_table(uint32_t *table, BookEntry be) {
+    static_assert(Dec::kEntries == 256, "K = 4: pairs of 4-bit codes");
+    return fill_pair_table<Dec, 32, BytePairTable::kRowBytes / 4>(table, be);
+}
+__device__ __forceinline__ BytePairTable byte_pair_table(const uint32_t *table) {
+    return {byte_rows<4>(table)};
+}
+// Chunk v's pairs of a K = 4 tiled lane's words: bytes i of words 2 v (row g) and 2 v + 1
+// (row g + 8), as chunk_pairs' fields 8 v + i and 8 v + 4 + i.
+template <int K, int N>
+__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v,
+                                            const BytePairTable &table, uint32_t (&pa)[4],
+                                            uint32_t (&pb)[4]) {
+    static_assert(K == 4, "byte pair indices");
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        pa[i] = lds_u32(table.at(w[2 * v], i));
+        pb[i] = lds_u32(table.at(w[2 * v + 1], i));
+    }
+}
+
+// The quad table of K = 2 (the tiled GEMVs and GEMM): entry e, a byte of two pair indices
+// (the low nibble's pair first), is the two pairs' entries side by side (8 bytes), in
+// kCopies copies 8 bytes apart: entry e of copy c at 8 (kCopies e + c). A 64-bit load is
+// served a half warp at a time, so 16 copies (32 KB) keep a load's lanes on distinct
+// banks; 32 copies (64 KB) are ByteRows, one instruction less a load.
+template <int kCopies>
+struct QuadTable {
+    static_assert(kCopies == 16 || kCopies == 32, "rows of 128 or 256 bytes");
+    static constexpr int kEntries = 256, kBytes = kEntries * kCopies * 8;
+    uint32_t table;  // shared address (the same in every lane)
+    uint32_t lane;   // the lane's copy: 8 (lane % kCopies)
     // The entry of byte b of w (b a compile-time constant).
     __device__ __forceinline__ uint2 operator()(uint32_t w, int b) const {
+        if constexpr (kCopies == 32) return lds_u32x2(ByteRows<8>{table, lane}.at(w, b));
         const uint32_t v = b == 0 ? w << 7 : w >> (8 * b - 7);  // the byte at bit 7
         return lds_u32x2(table + lop3<0xEA>(v, 0x7F80u, lane));
     }
 };
 // Fills the quad table of the K = 2 pair decoder Dec; returns fill_book's factor.
-template <class Dec>
+template <class Dec, int kCopies>
 __device__ float fill_quad_table(uint32_t *table, BookEntry be) {
     static_assert(Dec::kEntries == 16, "K = 2: pairs of 2-bit codes");
     return fill_book<Dec>(table, be, [&](auto entry) {
-        for (int e = threadIdx.x; e < QuadTable::kEntries; e += blockDim.x) {
+        for (int e = threadIdx.x; e < QuadTable<kCopies>::kEntries; e += blockDim.x) {
             const uint32_t lo = entry(e & 15), hi = entry(e >> 4);
-            uint4 *row = reinterpret_cast<uint4 *>(table + e * 2 * QuadTable::kCopies);
+            uint4 *row = reinterpret_cast<uint4 *>(table + e * 2 * kCopies);
 #pragma unroll
-            for (int c = 0; c < QuadTable::kCopies / 2; ++c) row[c] = make_uint4(lo, hi, lo, hi);
+            for (int c = 0; c < kCopies / 2; ++c) row[c] = make_uint4(lo, hi, lo, hi);
         }
     });
 }
-__device__ __forceinline__ QuadTable quad_table(const uint32_t *table) {
+template <int kCopies>
+__device__ __forceinline__ QuadTable<kCopies> quad_table(const uint32_t *table) {
     return {static_cast<uint32_t>(__cvta_generic_to_shared(table)),
-            opaque(8u * static_cast<uint32_t>(threadIdx.x & 15))};
+            opaque(8u * static_cast<uint32_t>(threadIdx.x % kCopies))};
 }
 // Chunk v's pairs of a K = 2 tiled lane's words through the quad table. Word v's nibbles
 // are the pair indices of rows g (bytes 0, 1) and g + 8 (bytes 2, 3); x = its low nibbles
@@ -729,9 +782,10 @@ __device__ __forceinline__ QuadTable quad_table(const uint32_t *table) {
 // in byte 0 row g's pair 0 beside row g + 8's, in byte 1 their pairs 2. So a load gives
 // two registers the mma takes side by side, (pa[i], pb[i]): four weights for about four
 // instructions, where the pair table takes six (and moves, had the bytes been rows').
-template <int K, int N>
-__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v, const QuadTable &quads,
-                                            uint32_t (&pa)[4], uint32_t (&pb)[4]) {
+template <int K, int N, int kCopies>
+__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v,
+                                            const QuadTable<kCopies> &quads, uint32_t (&pa)[4],
+                                            uint32_t (&pb)[4]) {
     const uint32_t x = w[v] & 0x0F0F0F0Fu, y = (w[v] >> 4) & 0x0F0F0F0Fu;
     const uint32_t zx = x + (x >> 12), zy = y + (y >> 12);  // disjoint nibbles: no carries
 #pragma unroll

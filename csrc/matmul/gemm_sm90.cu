@@ -1091,7 +1091,7 @@ struct TiledGemmConfig {
     // 32 KB leave the x ring whole
     static constexpr bool kQuads = Dec::kK == 2 && BN <= 32;
     static constexpr int table_for(int copies) {
-        return kQuads ? QuadTable::kBytes : 4 * Dec::kEntries * copies;
+        return kQuads ? QuadTable<16>::kBytes : 4 * Dec::kEntries * copies;
     }
     // x halves in flight, and W stages: one more than they span (`slack` 1), or as many
     static constexpr int bytes_for(int copies, int x_ring, int slack = 1) {
@@ -1348,7 +1348,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     if (tid == 0) rings.init();
     const BookEntry book = book_entry<Dec>(codebook, k);
     float out_mul;
-    if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec>(table, book));
+    if constexpr (C::kQuads) out_mul = src.out_mul(fill_quad_table<Dec, 16>(table, book));
     else out_mul = fill_source_tables<T, C::kCopies>(src, table, book);
 
     // The producer's registers to the consumers: 40 a producer thread; a consumer 232 with
@@ -1367,9 +1367,9 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const auto my_table = lane_table<C::kCopies>(table);
-    [[maybe_unused]] const QuadTable quads = [&] {  // (its lane offset is opaque: only where used)
-        if constexpr (C::kQuads) return quad_table(table);
-        else return QuadTable{};
+    [[maybe_unused]] const QuadTable<16> quads = [&] {  // (its lane offset is opaque: only where used)
+        if constexpr (C::kQuads) return quad_table<16>(table);
+        else return QuadTable<16>{};
     }();
     const int g = lane >> 2, t = lane & 3;
     // the segments of lanes 4 g .. 4 g + 3 of the warp's row tile (swizzled: a load's

@@ -330,7 +330,7 @@ constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: benc
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
 constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md, session 16)
 // dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
-constexpr int kStreamSmem = 208 * 1024;
+constexpr int kStreamSmem = 216 * 1024;
 
 // One stage of the ring: [W: kUnits units][scales: kUnits units][x: rows of kUnits units],
 // kPerWarp units a consumer warp (warp w takes units w, w + kStreamWarps, ...). (Two warps
@@ -351,9 +351,14 @@ struct StreamStage {
 
 // The streamed tiled GEMV's table: the quad table (K = 2, four weights a load) or the pair
 // table. K = 2 takes the quad table where a CTA reads kQuadMinStages stages or more: its
-// 32 KB are filled before a stage is read, which measured slower on fewer (bench/RESULTS.md,
-// session 16).
+// 32 or 64 KB are filled before a stage is read, which measured slower on fewer
+// (bench/RESULTS.md, session 16).
 constexpr int kQuadMinStages = 24;
+// The quad table's 32 copies (64 KB) where they leave a ring of kQuadMinRing stages or more,
+// else 16 (H100, bench/RESULTS.md session 21: 8192x28672 at m = 5, x copied with each stage,
+// 13% slower with 32 copies and a ring of two than with 16 and a ring of two; at m = 1, 2
+// with rings of five or more 1-3% faster).
+constexpr int kQuadMinRing = 3;
 // K = 2 and 3, whose units are short, take two units a warp a stage (a stage's wait,
 // release and bookkeeping paid once for twice the weights) where a row has kPairMinGroups
 // groups or more. Measured (H100, bench/RESULTS.md, session 20): 8192x28672 (224 groups)
@@ -362,9 +367,15 @@ constexpr int kQuadMinStages = 24;
 // m = 8 (fewer, larger stages a CTA).
 constexpr int kPairMinGroups = 128;
 constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
-template <class T, int K, kbit_absmax_format FMT, bool kQuads>
+// Its tables: K = 2's quad table in kQuads copies (32: rows of 256 bytes, 64 KB; 16: 32
+// KB, where 64 would cost x its residence or leave less than a ring of two), K = 4's pair
+// table in rows of 256 bytes (64 KB), other K the pair table. Rows of 256 bytes take one
+// byte permute an address where rows of 128 took two instructions (ByteRows).
+template <class T, int K, kbit_absmax_format FMT, int kQuads>
 constexpr int stream_table_bytes() {
-    return kQuads ? QuadTable::kBytes : table_bytes<KbitStaged<T, K, FMT>>();
+    if constexpr (kQuads > 0) return QuadTable<kQuads>::kBytes;
+    else if constexpr (K == 4) return BytePairTable::kBytes;
+    else return table_bytes<KbitStaged<T, K, FMT>>();
 }
 
 // The consumer warps' own barrier (the producer warp never joins it).
@@ -385,10 +396,11 @@ struct ConsumersSync {
 // the start of the dynamic shared memory after the pair table, the ring after them.
 // The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
 // stages beside them and a CTA has kResidentTilesLarge row tiles or more (H100, session 16:
-// 28672x8192, 13.6 tiles a CTA, m = 5..8 12-26% faster).
+// 28672x8192, 13.6 tiles a CTA, m = 5..8 12-26% faster; session 21: a ring of 3 stages,
+// was 4, m = 7 K = 4 / 5 8% faster; at m = 1, 2 rings of 3 to 8 stages measured alike).
 constexpr int kResidentX = 72 * 1024;
 constexpr int kResidentXTiled = 136 * 1024;
-constexpr int kResidentMinRing = 4;
+constexpr int kResidentMinRing = 3;
 constexpr int kResidentTiles = 3;
 constexpr int kResidentTilesLarge = 8;
 inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas, int read,
@@ -509,7 +521,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
 }
 
 // Up to 8 rows of x (one n8 tile).
-template <class T, int K, kbit_absmax_format FMT, bool kQuads, int kPerWarp>
+template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -540,7 +552,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const ResidentX rx{x_stride, x_rows, smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>()};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
     const uint32_t ring_at = rx.ring_at();
-    const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
+    // (opaque: kept in registers, where the loop recomputed each from the CTA's cluster id)
+    const uint32_t full_at = opaque(smem_address(full)), empty_at = opaque(smem_address(empty));
     const uint32_t x_full_at = smem_address(&x_full);
     const BookEntry book_at_start = book_entry<Dec>(codebook, K);  // before the copies below
     if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
@@ -583,7 +596,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     }
 
     float book;
-    if constexpr (kQuads) book = fill_quad_table<Dec>(table, book_at_start);
+    if constexpr (kQuads > 0) book = fill_quad_table<Dec, kQuads>(table, book_at_start);
+    else if constexpr (K == 4) book = fill_byte_pair_table<Dec>(table, book_at_start);
     else book = fill_pair_table<Dec>(table, book_at_start);
     const ChunkScales<kSB> scale(ts * book);
     if (producer) {
@@ -593,7 +607,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 
     // The consumers: warp w takes unit w of each stage.
     const auto my_table = [&] {
-        if constexpr (kQuads) return quad_table(table);
+        if constexpr (kQuads > 0) return quad_table<kQuads>(table);
+        else if constexpr (K == 4) return byte_pair_table(table);
         else return lane_table<copies>(table);
     }();
     const LaneSegment<K> seg(ring_at + warp * St::kUnitW, lane);
@@ -1213,7 +1228,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (err != cudaSuccess) return;
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     StreamLaunch l;
-                    bool quads = false;
+                    int quads = 0;  // the quad table's copies (K = 2)
                     const int64_t groups = blocks_of(k_in / kChunk, tiled::kGroupChunks);
                     const bool pairs = K <= 3 && groups >= kPairMinGroups;
                     if (m <= kMaxM && major >= 9) {
@@ -1224,15 +1239,28 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                                        : StreamStage<K, F, 1>::bytes,
                                                  l, kResidentXTiled);
                         };
-                        err = plan(stream_table_bytes<T, K, F, false>());
+                        err = plan(stream_table_bytes<T, K, F, 0>());
                         if (err != cudaSuccess) return;
                         // K = 2: the quad table where a CTA reads enough stages (counted
                         // in stages of kStreamWarps units, whichever its kernel takes)
                         const int64_t per_tile = blocks_of(groups, kStreamWarps);
-                        quads = K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) *
-                                                  per_tile >= kQuadMinStages;
-                        if (quads) err = plan(stream_table_bytes<T, K, F, true>());
-                        if (err != cudaSuccess) return;
+                        // in 32 copies where they leave x its residence and a ring of
+                        // kQuadMinRing, else 16 (a ring of two)
+                        const StreamLaunch pair_table = l;
+                        if (K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) * per_tile >=
+                                          kQuadMinStages) {
+                            for (const int copies : {32, 16}) {
+                                err = plan(copies == 32 ? QuadTable<32>::kBytes
+                                                        : QuadTable<16>::kBytes);
+                                if (err != cudaSuccess) return;
+                                if (l.ring >= (copies == 32 ? kQuadMinRing : 2) &&
+                                    (l.x_stride || !pair_table.x_stride)) {
+                                    quads = copies;
+                                    break;
+                                }
+                            }
+                            if (quads == 0) l = pair_table;
+                        }
                     }
                     auto streamed = [&](auto q, auto per_warp) {
                         constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value,
@@ -1254,10 +1282,11 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     };
                     if (l.ring >= 2) {
                         if constexpr (K == 2) {
-                            if (quads) per_warp(std::true_type{});
-                            else per_warp(std::false_type{});
+                            if (quads == 32) per_warp(std::integral_constant<int, 32>{});
+                            else if (quads == 16) per_warp(std::integral_constant<int, 16>{});
+                            else per_warp(std::integral_constant<int, 0>{});
                         } else {
-                            per_warp(std::false_type{});
+                            per_warp(std::integral_constant<int, 0>{});
                         }
                     } else {  // m = 9..16 (two n8 tiles on one decode), or before sm_90
                         auto regs = [&](auto nt) {
