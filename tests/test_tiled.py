@@ -324,6 +324,20 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     assert err <= TOL["float16"], f"K={k} 17024x4672 m=8, x resident: relative error {err:.3g}"
 
 
+def streamed_gemv_kernels(run):
+    """(K, quad-table copies, units a warp) of each streamed tiled GEMV kernel that run()
+    launches, from the kernel names torch.profiler records."""
+    import re
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    pattern = re.compile(r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+)>")
+    return [tuple(int(v) for v in m.groups())
+            for m in (pattern.search(e.name) for e in prof.events()) if m]
+
+
 @requires_gpu
 def test_gpu_streamed_quads_with_resident_x():
     """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
@@ -331,10 +345,15 @@ def test_gpu_streamed_quads_with_resident_x():
     units a warp: 128 groups a row), m = 1 and 2 (32 and 64 KB of x), the table in 32
     copies; 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs; 128 KB of x,
     beside which 32 copies would leave no ring of three: 16 copies); made on the GPU,
-    against x times the dequantized W in float32."""
+    against x times the dequantized W in float32. On sm_90 (with up to 132 SMs: the streamed
+    kernel's table and units depend on the CTAs) the launched kernel is checked too."""
     import torch
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
+        torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(5)
-    for n_out, k_in, ms in ((6656, 16384, (1, 2)), (17024, 8192, (8,))):
+    # (n_out, k_in, m's, the kernel: K, quad-table copies, units a warp)
+    for n_out, k_in, ms, kernel in ((6656, 16384, (1, 2), (2, 32, 2)),
+                                    (17024, 8192, (8,), (2, 16, 1))):
         w = torch.randn(n_out, k_in, device="cuda", generator=gen)
         q = kbit.quantize(w, k=2)
         del w
@@ -346,6 +365,9 @@ def test_gpu_streamed_quads_with_resident_x():
             ref = x.float() @ w32.T
             err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
             assert err <= TOL["float16"], f"{n_out}x{k_in} m={m}: relative error {err:.3g}"
+            if sm90:
+                ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t))
+                assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
 
 
 @requires_gpu
