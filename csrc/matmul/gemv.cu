@@ -367,10 +367,11 @@ constexpr int kQuadMinRing = 3;
 // m = 8 (fewer, larger stages a CTA).
 constexpr int kPairMinGroups = 128;
 constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
-// Its tables: K = 2's quad table in kQuads copies (32: rows of 256 bytes, 64 KB; 16: 32
-// KB, where 64 would cost x its residence or leave less than a ring of two), K = 4's pair
-// table in rows of 256 bytes (64 KB), other K the pair table. Rows of 256 bytes take one
-// byte permute an address where rows of 128 took two instructions (ByteRows).
+// The bytes of the streamed tiled GEMV's table: K = 2's quad table in kQuads copies (32:
+// rows of 256 bytes, 64 KB; 16: 32 KB, where 32 copies would cost x its residence or leave
+// fewer than kQuadMinRing stages), K = 4's pair table in rows of 256 bytes (64 KB), other K
+// the pair table. Rows of 256 bytes take one byte permute an address where rows of 128
+// took two instructions (ByteRows).
 template <class T, int K, kbit_absmax_format FMT, int kQuads>
 constexpr int stream_table_bytes() {
     if constexpr (kQuads > 0) return QuadTable<kQuads>::kBytes;
