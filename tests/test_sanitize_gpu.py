@@ -38,6 +38,26 @@ def _offset_x(rng, n, dtype):
     return base[1:]
 
 
+def _assert_matmul(y, a, host_w, bias=None, what=""):
+    """y (GPU) against x times the CPU's dequantized W (+ bias) in float64."""
+    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
+    if bias is not None:
+        ref = ref + _cpu(bias)
+    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
+                       atol=2e-2 * np.abs(ref).max()), what
+
+
+def _tiled_matmul(n_out, k_in, k, ms):
+    """kbit.matmul of fp16 x (each m of ms) and a tiled K-bit weight made on the GPU."""
+    torch = _torch()
+    w = torch.randn(n_out, k_in, device="cuda", dtype=torch.float16)
+    t = kbit.tile(kbit.quantize(w, k=k))
+    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
+    for m in ms:
+        a = torch.randn(m, k_in, device="cuda", dtype=torch.float16)
+        _assert_matmul(kbit.matmul(a, t), a, host_w, what=f"m={m}")
+
+
 @pytest.mark.parametrize("fmt", ["e4m4", "fp16", "fp32"])
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_kbit_quantize_dequantize(rng, fmt, k):
@@ -97,9 +117,7 @@ def _gguf_matmul(rng, qtype, n_out, k_in, m):
     t = kg.GGUFTensor(_gpu(raw.reshape(-1)), tid, shape)
     want = kg.dequantize(kg.GGUFTensor(raw.reshape(-1), tid, shape), dtype="float32")
     a = _torch().randn(m, k_in, device="cuda", dtype=_torch().float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ want.astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    _assert_matmul(kbit.matmul(a, t), a, want)
 
 
 @pytest.mark.parametrize("m", [3, 13])
@@ -148,10 +166,7 @@ def test_streamed_x_paths(rng, n_out, k_in, m):
     for wq, host_w in ((t, kbit.dequantize(kbit.untile(t), dtype="float32")),
                        (g, kg.dequantize(kg.GGUFTensor(raw.reshape(-1), q4k, shape),
                                          dtype="float32"))):
-        y = kbit.matmul(a, wq)
-        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
-        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
-                           atol=2e-2 * np.abs(ref).max())
+        _assert_matmul(kbit.matmul(a, wq), a, host_w)
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -159,30 +174,14 @@ def test_streamed_two_units_a_warp(rng, k):
     """The streamed tiled GEMV taking two units a warp a stage (K = 2 and 3 on rows of 128
     groups or more): 16416 elements, 129 groups, a last stage of one unit whose group has
     one chunk."""
-    torch = _torch()
-    w = torch.randn(24, 16416, device="cuda", dtype=torch.float16)
-    t = kbit.tile(kbit.quantize(w, k=k))
-    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
-    a = torch.randn(3, 16416, device="cuda", dtype=torch.float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
-                       atol=2e-2 * np.abs(ref).max())
+    _tiled_matmul(24, 16416, k, (3,))
 
 
 @pytest.mark.parametrize("m", [1, 8])
 def test_streamed_quad_tables(rng, m):
     """K = 2's quad table (40x53280: 27 stages a CTA) in 32 copies (m = 1) and in 16 (m = 8:
     x copied with each stage, where 32 would leave less than a ring of two)."""
-    torch = _torch()
-    w = torch.randn(40, 53280, device="cuda", dtype=torch.float16)
-    t = kbit.tile(kbit.quantize(w, k=2))
-    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
-    a = torch.randn(m, 53280, device="cuda", dtype=torch.float16)
-    y = kbit.matmul(a, t)
-    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
-                       atol=2e-2 * np.abs(ref).max())
+    _tiled_matmul(40, 53280, 2, (m,))
 
 
 def _weights(rng):
@@ -209,9 +208,7 @@ def test_matmul_paths(rng, m):
                   "tiled": lambda: kbit.dequantize(kbit.untile(wq), dtype="float32"),
                   "nf4": lambda: kbit.dequantize_4bit(wq, dtype="float32"),
                   "fp4": lambda: kbit.dequantize_4bit(wq, dtype="float32")}[name]()
-        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T + _cpu(bias)
-        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
-                           atol=2e-2 * np.abs(ref).max()), name
+        _assert_matmul(y, a, host_w, bias, name)
 
 
 @pytest.mark.parametrize("m", [12, 300])
@@ -219,30 +216,14 @@ def test_tiled_gemm_wide(rng, m):
     """The tiled GEMM on sm_90 where only a large weight takes it: m = 12 from 8192 rows
     of W (16 rows of x, two CTAs an SM), m = 300 with 66 row tiles of 128 (256 rows of x a
     CTA, the producer's registers given to the consumers)."""
-    torch = _torch()
-    w = torch.randn(8448, 256, device="cuda", dtype=torch.float16)
-    t = kbit.tile(kbit.quantize(w, k=4))
-    a = torch.randn(m, 256, device="cuda", dtype=torch.float16)
-    y = kbit.matmul(a, t)
-    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
-    ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
-    assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    _tiled_matmul(8448, 256, 4, (m,))
 
 
 @pytest.mark.parametrize("k", [2, 3, 5])
 def test_tiled_gemm_decoders(rng, k):
     """The tiled GEMM's other decoders: K = 2's quad table (m = 20: 32 rows of x a CTA)
     and pair table (m = 40: 64 rows), K = 3 and 5's half segments in 8-byte loads."""
-    torch = _torch()
-    w = torch.randn(300, 512, device="cuda", dtype=torch.float16)
-    t = kbit.tile(kbit.quantize(w, k=k))
-    host_w = kbit.dequantize(kbit.untile(t), dtype="float32")
-    for m in (20, 40):
-        a = torch.randn(m, 512, device="cuda", dtype=torch.float16)
-        y = kbit.matmul(a, t)
-        ref = _cpu(a).astype(np.float64) @ _cpu(host_w).astype(np.float64).T
-        assert np.allclose(_cpu(y).astype(np.float64), ref, rtol=2e-2,
-                           atol=2e-2 * np.abs(ref).max()), m
+    _tiled_matmul(300, 512, k, (20, 40))
 
 
 def test_tile_untile(rng):
