@@ -1750,6 +1750,7 @@ struct Q6_KG {
     struct Row {
         uint32_t sc[8];  // scale bytes 2i, 2i + 1
         float d;
+        uint32_t d2;     // d's fp16 bits in both halves
     };
     struct Half {
         uint32_t ql[2][2][2], qh[2][2];  // [u][st][e], [st][e]: x halves 2 hf, 2 hf + 1
@@ -1758,7 +1759,9 @@ struct Q6_KG {
         Row r;
 #pragma unroll
         for (int i = 0; i < 8; ++i) r.sc[i] = lds_u16(at + 192 + 2 * i);
-        r.d = f16_bits_to_f32(lds_u16(at + 208));
+        const uint32_t d = lds_u16(at + 208);
+        r.d = f16_bits_to_f32(d);
+        r.d2 = __byte_perm(d, 0u, 0x1010u);
         return r;
     }
     __device__ static Half half(uint32_t at, const Row &, int h, int t) {
@@ -1787,7 +1790,16 @@ struct Q6_KG {
                 c[st][e] = with_bits(with_exponent(w.ql[u][st][e] >> (4 * (h & 1)), 0x000F000Fu), hi, 0x00300030u);
             }
             // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
-            f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
+            if constexpr (!std::is_same_v<T, F16>)
+                f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
+        }
+        if constexpr (std::is_same_v<T, F16>) {
+            // both steps' d sc in one HMUL2: the bytes as fp16 1024 + sc + 128, less 1152
+            // (exact), times d, each product rounded once (as the float32 one is)
+            const uint32_t w = __byte_perm(r.sc[4 * hf + q] ^ 0x8080u, 0u, 0x4140u);
+            const uint32_t p = hmul2<F16>(hadd2<F16>(with_exponent(w, 0x00FF00FFu), splat<F16>(-1152.0f)), r.d2);
+            f[0].a = __byte_perm(p, 0u, 0x1010u), f[1].a = __byte_perm(p, 0u, 0x3232u);
+            f[0].b = f[1].b = 0u;
         }
     }
 };
