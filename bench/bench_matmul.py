@@ -36,6 +36,10 @@ Method (llm.c style: check each case, then time it):
   with a device-to-device copy of a 1 GiB buffer timed the same way in the same run
   (read + written bytes over time), the device's practical peak. Small cases cannot
   reach it (launch and tail effects), so read % copy at the large shapes.
+- Read floor: torch.sum over a float32 buffer of the case's bytes, timed the same way:
+  a read-only stream of those bytes with launch, first bytes and tail included, what a
+  kernel that must read them cannot beat by much. "%read" = its time / kbit's time
+  (100: kbit takes as long as reading its bytes and nothing else).
 - Peers, same shape and m, same method: cuBLAS (torch.matmul of x and the dense W in
   x's dtype, fp16 by default), dequantize + cuBLAS (kbit's dequantize into a
   preallocated scratch of x's dtype, then torch.matmul), and bitsandbytes'
@@ -335,6 +339,7 @@ TABLE_COLUMNS = [  # header, width, row -> text
     ("host_us", 7, lambda r: _fmt(_get(r, "kbit", "host_us"), ".0f")),
     ("GB/s", 6, lambda r: _fmt(_get(r, "kbit", "gbps"), ".0f")),
     ("%copy", 6, lambda r: _fmt(_get(r, "kbit", "pct_copy"), ".1f")),
+    ("%read", 6, lambda r: _fmt(r.get("pct_read"), ".1f")),
     ("TF/s", 6, lambda r: _fmt(_get(r, "kbit", "tflops"), ".1f")),
     ("xcuBLAS", 8, lambda r: _fmt(r.get("speedup_cublas"), ".2f")),
     ("xdeq+cuB", 8, lambda r: _fmt(r.get("speedup_deq_cublas"), ".2f")),
@@ -535,6 +540,7 @@ class Bench:
         self.dtype_name, self.elem_bytes = DTYPES[args.dtype]
         self.tdtype = getattr(torch, self.dtype_name)
         self.timer = Timer(torch, args.repeats, args.budget, args.flush)
+        self.read_buf = None  # the read floor's buffer (grown to the largest case)
         self.bnb = None
         self.bnb_note = "not requested (--no-bnb)" if args.no_bnb else None
         if not args.no_bnb:
@@ -573,6 +579,14 @@ class Bench:
         except Exception:
             info["gguf"] = None
         return info
+
+    def read_buffer(self, nbytes: int):
+        """A float32 view of nbytes (rounded down to 4) of a zeroed device buffer."""
+        torch, n = self.torch, max(nbytes // 4, 1)
+        if self.read_buf is None or self.read_buf.numel() < n:
+            self.read_buf = None
+            self.read_buf = torch.zeros(n, dtype=torch.float32, device="cuda")
+        return self.read_buf[:n]
 
     def measure_copy(self) -> dict:
         """Device-to-device copy of 1 GiB (less if memory is short), timed like a case:
@@ -800,12 +814,23 @@ class Bench:
                 if not self.check_alive():
                     return
 
+        # 4. the read floor: a read-only stream of the same bytes (torch.sum)
+        try:
+            buf = self.read_buffer(nbytes)
+            r["read"] = with_rates(self.timer.measure(lambda: buf.sum()), nbytes, 0.0, copy_gbps)
+        except Exception as e:
+            r["read"] = {"error": _err_text(e)}
+            if not self.check_alive():
+                return
+
         kt = _get(r, "kbit", "median_us")
         if kt:
             for key, peer in (("speedup_cublas", r.get("cublas_us")),
                               ("speedup_deq_cublas", _get(r, "deq_cublas", "median_us")),
                               ("speedup_bnb", _get(r, "bnb", "median_us"))):
                 r[key] = peer / kt if peer else None
+            read_us = _get(r, "read", "median_us")
+            r["pct_read"] = 100.0 * read_us / kt if read_us else None
         del y_ref
         print(f"{label} {_status(r)} {_fmt(kt, '.1f')} us, x{_fmt(r.get('speedup_cublas'), '.2f')} "
               f"cuBLAS", file=sys.stderr, flush=True)
@@ -822,7 +847,8 @@ def run(args) -> int:
            "method": ("median of CUDA-event times of one call, L2 flushed (2x L2 written) and "
                       "a GPU spin before each timed call, neither timed; bytes = W stored + x + y "
                       "(the fused kernel's minimum traffic; deq_cublas and bnb GB/s are effective "
-                      "rates on those same bytes, cublas GB/s on the dense W); GGUF weights are "
+                      "rates on those same bytes, cublas GB/s on the dense W; read = torch.sum over a "
+                      "float32 buffer of the same bytes, the read-only floor); GGUF weights are "
                       "random valid blocks unless --gguf-source quantize"),
            "rows": bench.rows, "cublas": bench.cublas}
     status = 0
@@ -995,7 +1021,7 @@ def selftest() -> int:
           "check": {"rel_err": 3.1e-4, "ok": True, "tol": 2e-3},
           "kbit": {"median_us": 4.2, "gbps": 2125.3, "pct_copy": 70.1, "tflops": 0.008},
           "speedup_cublas": 3.1, "speedup_deq_cublas": 4.4, "bnb": {"median_us": 9.0},
-          "speedup_bnb": 2.14, "cublas_us": 13.0}
+          "speedup_bnb": 2.14, "cublas_us": 13.0, "read": {"median_us": 3.9}, "pct_read": 92.9}
     fail = dict(ok, format="q6_k", check={"rel_err": float("nan"), "ok": False}, bnb=None,
                 speedup_bnb=None)
     err = {"n_out": 28672, "k_in": 8192, "shape": "28672x8192", "format": "kbit4-fp32", "m": 4096,
@@ -1005,7 +1031,8 @@ def selftest() -> int:
     lines = table.splitlines()
     expect(len(lines) == 5 and lines[0] == "title", "table lines")
     expect(lines[2].endswith(" ok") and "4.2" in lines[2] and "3.10" in lines[2]
-           and "2.14" in lines[2] and "3.1e-04" in lines[2], f"ok row: {lines[2]}")
+           and "2.14" in lines[2] and "3.1e-04" in lines[2] and " 92.9 " in lines[2],
+           f"ok row: {lines[2]}")
     expect(lines[3].endswith("FAIL"), f"fail row: {lines[3]}")
     expect("ERROR (check): KbitError: kbit_matmul_kbit: not supported yet" in lines[4],
            f"error row: {lines[4]}")
