@@ -322,8 +322,8 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // segment and rows g and g+8's scales from the stage, takes each pair index as a
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
-// arithmetic; the warps' sums of a tile meet in shared memory after its last stage.
-// Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
+// arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
+// through shared memory (TileSums) and go on. Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
 // 32-bit arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued
 // 0.21 warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
@@ -383,9 +383,6 @@ constexpr int stream_table_bytes() {
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
 }
-struct ConsumersSync {
-    __device__ __forceinline__ void operator()() const { consumers_sync(); }
-};
 
 // x held in shared memory for the whole kernel, rather than copied again with every
 // stage (every row tile of a CTA reads the same x), where its rows fit kResidentX bytes
@@ -478,52 +475,92 @@ struct Sums {
     float v[NT][4] = {};
 };
 
-// A row tile's last stage: the consumer warps' sums of each n8 tile, times out, meet, y;
-// the sums start again from zero.
-template <class T, int NT>
-__device__ __forceinline__ void store_stream_tile(Sums<NT> &acc, float out, int64_t r0, int64_t m0,
-                                                  int64_t m, int64_t n_out,
-                                                  const typename T::storage *bias,
-                                                  typename T::storage *y) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        if (nt > 0) consumers_sync();  // store_tile's shared partial sums are reused
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc.v[nt][i] *= out;
-        store_tile<T, kStreamWarps>(acc.v[nt], r0, m0 + 8 * nt, m, n_out, bias, y, ConsumersSync{});
+// The streamed tiled GEMV's row-tile sums leave its consumers without a CTA barrier: each
+// consumer warp writes its C fragment, times out, into a buffer of partial sums and
+// arrives on the buffer's `full` barrier; a reducer warp adds the 16 warps' sums in warp
+// order (store_tile's order: the same bits), adds the bias, stores y and releases the
+// buffer on its `empty` barrier. A consumer waits only to write a tile's sums before the
+// reducer has read the last tile's: a warp runs up to a tile ahead of the slowest one,
+// not in step with it. (Two CTA-wide barriers a tile had every warp wait for the slowest:
+// H100, bench/RESULTS.md session 22, 28672x8192 at K = 2 and 3, 13.6 tiles a CTA, 5-6%
+// slower than with the reducer. On 4096-row weights, two tiles a CTA, this kernel is 1-3%
+// slower than the barrier version, and was so too where those CTAs kept the barriers: not
+// the hand-off's cost. Two buffers, a warp up to two tiles ahead, cost K = 4 at m = 8 a
+// stage of its ring of three: 6-9% slower.)
+constexpr int kTiledStreamThreads = (kStreamWarps + 2) * 32;  // + the producer and the reducer
+constexpr int kTileSumBytes = kTileRows * kMaxM * 4;          // a warp's 16 x 8 floats
+constexpr int kTileSumsBytes = kStreamWarps * kTileSumBytes;  // the buffer, 8 KB
+// Dynamic shared memory of the tiled kernel (the buffer above, then as kStreamSmem), whose
+// static arrays are only its barriers and the codebook (under 2 KB; store_tile's 8 KB of
+// partial sums are the buffer).
+constexpr int kTiledStreamSmem = 225 * 1024;
+
+struct TileSums {
+    uint32_t at, full, empty;  // the buffer's shared address and barriers
+    // A consumer lane's fragment (rows g, g + 8; columns 2t, 2t + 1) of row tile j of its
+    // CTA's run, once the reducer has read tile j - 1's.
+    __device__ __forceinline__ void put(int64_t j, int warp, int g, int t, const float (&v)[4]) const {
+        if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
+        const uint32_t w = at + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(w), "f"(v[0]), "f"(v[1]) : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(w + 8 * kMaxM * 4), "f"(v[2]), "f"(v[3])
+                     : "memory");
+        mbar_arrive(full);
     }
-    acc = Sums<NT>{};
-    consumers_sync();  // the partial sums are read before the next tile's
-}
+    // The reducer warp: row tile j (rows r0..) to y, lane l the outputs 4 l .. 4 l + 3 of
+    // the row-major 16 x 8 tile (row l / 2).
+    template <class T>
+    __device__ __forceinline__ void reduce(int64_t j, int64_t r0, int64_t m, int64_t n_out,
+                                           const typename T::storage *bias,
+                                           typename T::storage *y) const {
+        const int lane = threadIdx.x & 31;
+        const uint32_t from = at + mbar_wait(full, static_cast<uint32_t>(j & 1)) + 16 * lane;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) {
+            float4 p;  // (volatile: read before the release below)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
+                         : "r"(from + w * kTileSumBytes) : "memory");
+            v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+        }
+        mbar_arrive(empty);
+        const int64_t r = r0 + lane / 2;
+        if (r >= n_out) return;
+        const float add = bias ? load_f32(T{}, bias[r]) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int64_t i = (lane & 1) * 4 + k;
+            if (i < m) y[i * n_out + r] = store_cast(T{}, bias ? v[k] + add : v[k]);
+        }
+    }
+};
 
 // The consumer warps' walk over a CTA's stages: each stage waited for, body(at, g0) (its
 // slot's shared offset, which carries the wait's zero, and its first unit of the row of
-// `groups` units, kUnits a stage), released by every lane (each its own reads);
-// after a row tile's last stage its sums, times out, go to y.
-template <class T, int kUnits, int NT, class Body>
+// `groups` units, kUnits a stage), released by every lane (each its own reads); after
+// the j-th row tile's last stage, tile_end(j).
+template <int kUnits, class Body, class TileEnd>
 __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int groups,
                                                uint32_t full_at, uint32_t empty_at,
-                                               int ring_stages, int stage_bytes, int64_t m,
-                                               int64_t n_out, const typename T::storage *bias,
-                                               typename T::storage *y, Sums<NT> &acc,
-                                               float out, Body &&body) {
+                                               int ring_stages, int stage_bytes, Body &&body,
+                                               TileEnd &&tile_end) {
     RingSlot c;
     int g0 = 0;
-    int64_t tile = walk.first;
+    int64_t j = 0;
     for (int64_t q = 0; q < walk.stages; ++q) {
         body(c.at + mbar_wait(full_at + 8 * c.slot, c.phase), g0);
         mbar_arrive(empty_at + 8 * c.slot);
         c.next(ring_stages, stage_bytes);
         if ((g0 += kUnits) < groups) continue;
         g0 = 0;
-        store_stream_tile<T>(acc, out, tile * kTileRows, 0, m, n_out, bias, y);
-        ++tile;
+        tile_end(j++);
     }
 }
 
 // Up to 8 rows of x (one n8 tile).
 template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp>
-__global__ void __launch_bounds__(kStreamThreads, 1)
+__global__ void __launch_bounds__(kTiledStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
                   const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
@@ -539,7 +576,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full,
+        sums_full, sums_empty;
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -547,17 +585,25 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     // Groups of a row and stages of a tile fit in 32 bits (k_in < 2^38 elements).
     const int chunks = static_cast<int>(k_in / kChunk);
     const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
-    const StreamWalk walk = stream_walk(n_out, (groups + kUnits - 1) / kUnits, m, kMaxM);
+    const int stages_per_tile = (groups + kUnits - 1) / kUnits;
+    const StreamWalk walk = stream_walk(n_out, stages_per_tile, m, kMaxM);
     const int64_t first = walk.first, stages = walk.stages;
     const int x_rows = walk.x_rows;
-    const ResidentX rx{x_stride, x_rows, smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>()};
+    // dynamic shared memory: the table, the tile sums' buffer, x (if resident), the ring
+    const TileSums sums{smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>(),
+                        smem_address(&sums_full), smem_address(&sums_empty)};
+    const ResidentX rx{x_stride, x_rows, sums.at + kTileSumsBytes};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
     const uint32_t ring_at = rx.ring_at();
     // (opaque: kept in registers, where the loop recomputed each from the CTA's cluster id)
     const uint32_t full_at = opaque(smem_address(full)), empty_at = opaque(smem_address(empty));
     const uint32_t x_full_at = smem_address(&x_full);
     const BookEntry book_at_start = book_entry<Dec>(codebook, K);  // before the copies below
-    if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
+    if (threadIdx.x == 0) {
+        mbar_init(sums.full, kStreamWarps * 32);  // every consumer lane
+        mbar_init(sums.empty, 32);                // the reducer's lanes
+        ring_init(full_at, empty_at, ring_stages, x_full_at);  // (its fence covers them)
+    }
     __syncthreads();
 
     // The producer (one lane): stage q is groups [g0, g0 + n) of tile first + q /
@@ -605,6 +651,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         if (lane == 0) produce(stages);
         return;
     }
+    if (warp == kStreamWarps + 1) {  // the reducer: each row tile's sums to y
+        for (int64_t j = 0; j < stages / stages_per_tile; ++j)
+            sums.reduce<T>(j, (first + j) * kTileRows, m, n_out, bias, y);
+        return;
+    }
 
     // The consumers: warp w takes unit w of each stage.
     const auto my_table = [&] {
@@ -639,8 +690,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     };
 
     Sums<1> acc;
-    consume_stages<T, kUnits>(walk, groups, full_at, empty_at, ring_stages, stage_bytes, m, n_out,
-                              bias, y, acc, scale.out, [&](uint32_t at, int g0) {
+    consume_stages<kUnits>(walk, groups, full_at, empty_at, ring_stages, stage_bytes,
+                           [&](uint32_t at, int g0) {
 #pragma unroll
         for (int u = 0; u < kPerWarp; ++u) {  // unit warp + u kStreamWarps of the stage
             const int unit = g0 + warp + u * kStreamWarps;
@@ -673,6 +724,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 }
             }
         }
+    }, [&](int64_t j) {  // row tile j's sums, times out, to the reducer
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc.v[0][i] *= scale.out;
+        sums.put(j, warp, g, t, acc.v[0]);
+        acc = Sums<1>{};
     });
 #endif
 }
@@ -807,8 +863,8 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
 }
 
 // Ring stages for a stage of `stage_bytes` beside a pair table of `table` bytes.
-inline int stream_stages(int before, int stage_bytes) {  // before: bytes ahead of the ring
-    const int s = (kStreamSmem - before) / stage_bytes;
+inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) {  // before: bytes ahead of the ring
+    const int s = (budget - before) / stage_bytes;
     return s < kStreamMaxStages ? s : kStreamMaxStages;
 }
 
@@ -824,14 +880,14 @@ struct StreamLaunch {
 template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
                           int x_read, int table, StageBytes &&stage_bytes, StreamLaunch &l,
-                          int resident_limit = kResidentX) {
+                          int resident_limit = kResidentX, int budget = kStreamSmem) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
     if (err != cudaSuccess) return err;
     auto plan = [&](int limit) {
         l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas, x_read, limit) : 0;
         l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
         l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
-        l.ring = stream_stages(l.before, l.stage);
+        l.ring = stream_stages(l.before, l.stage, budget);
     };
     plan(resident_limit);
     if (resident_limit > kResidentX && l.x_stride && l.ring < kResidentMinRing) plan(kResidentX);
@@ -1235,10 +1291,11 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
                         auto plan = [&](int table) {
-                            return stream_launch(n_out, k_in, rows, rows, true, 16, table,
+                            return stream_launch(n_out, k_in, rows, rows, true, 16,
+                                                 table + kTileSumsBytes,
                                                  pairs ? StreamStage<K, F, 2>::bytes
                                                        : StreamStage<K, F, 1>::bytes,
-                                                 l, kResidentXTiled);
+                                                 l, kResidentXTiled, kTiledStreamSmem);
                         };
                         err = plan(stream_table_bytes<T, K, F, 0>());
                         if (err != cudaSuccess) return;
@@ -1266,9 +1323,9 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     auto streamed = [&](auto q, auto per_warp) {
                         constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value,
                                                                   decltype(per_warp)::value>;
-                        err = allow_smem<kernel>(kStreamSmem);
+                        err = allow_smem<kernel>(kTiledStreamSmem);
                         if (err != cudaSuccess) return;
-                        kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
+                        kernel<<<l.ctas, kTiledStreamThreads, l.smem(), stream>>>(
                             static_cast<const uint8_t *>(tiled_packed),
                             static_cast<const uint8_t *>(tiled_absmax), ts, codebook,
                             static_cast<const S *>(x), m, k_in, n_out,
