@@ -323,9 +323,10 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
 // arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
-// through shared memory (TileSums) and go on. Every per-stage address is a lane's fixed offset plus the slot's: the loop keeps to
-// 32-bit arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued
-// 0.21 warp-instructions per weight, this one 0.115 at K = 4).
+// through shared memory (TileSums) and go on. Every per-stage address is a lane's fixed
+// offset plus the slot's: the loop keeps to 32-bit arithmetic (bench/RESULTS.md, session
+// 7: a version that recomputed them issued 0.21 warp-instructions per weight, this one
+// 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
 constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md, session 16)
@@ -479,9 +480,9 @@ struct Sums {
 // consumer warp writes its C fragment, times out, into a buffer of partial sums and
 // arrives on the buffer's `full` barrier; a reducer warp adds the 16 warps' sums in warp
 // order (store_tile's order: the same bits), adds the bias, stores y and releases the
-// buffer on its `empty` barrier. A consumer waits only to write a tile's sums before the
-// reducer has read the last tile's: a warp runs up to a tile ahead of the slowest one,
-// not in step with it. (Two CTA-wide barriers a tile had every warp wait for the slowest:
+// buffer on its `empty` barrier. A consumer waits only where the reducer has not yet read
+// the previous tile's sums: a warp runs up to a tile ahead of the slowest one, not in
+// step with it. (Two CTA-wide barriers a tile had every warp wait for the slowest:
 // H100, bench/RESULTS.md session 22, 28672x8192 at K = 2 and 3, 13.6 tiles a CTA, 5-6%
 // slower than with the reducer. On 4096-row weights, two tiles a CTA, this kernel is 1-3%
 // slower than the barrier version, and was so too where those CTAs kept the barriers: not
@@ -499,12 +500,13 @@ struct TileSums {
     uint32_t at, full, empty;  // the buffer's shared address and barriers
     // A consumer lane's fragment (rows g, g + 8; columns 2t, 2t + 1) of row tile j of its
     // CTA's run, once the reducer has read tile j - 1's.
-    __device__ __forceinline__ void put(int64_t j, int warp, int g, int t, const float (&v)[4]) const {
+    __device__ __forceinline__ void put(int64_t j, int warp, int g, int t,
+                                        const float (&v)[4]) const {
         if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
         const uint32_t w = at + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(w), "f"(v[0]), "f"(v[1]) : "memory");
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(w + 8 * kMaxM * 4), "f"(v[2]), "f"(v[3])
-                     : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};"
+                     ::"r"(w + 8 * kMaxM * 4), "f"(v[2]), "f"(v[3]) : "memory");
         mbar_arrive(full);
     }
     // The reducer warp: row tile j (rows r0..) to y, lane l the outputs 4 l .. 4 l + 3 of
@@ -863,7 +865,8 @@ gemv_tiled_regs_kernel(const uint8_t *__restrict__ packed, const uint8_t *__rest
 }
 
 // Ring stages for a stage of `stage_bytes` beside a pair table of `table` bytes.
-inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) {  // before: bytes ahead of the ring
+// (before: bytes ahead of the ring; budget: the kernel's dynamic shared memory)
+inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) {
     const int s = (budget - before) / stage_bytes;
     return s < kStreamMaxStages ? s : kStreamMaxStages;
 }
