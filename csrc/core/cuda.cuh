@@ -115,6 +115,21 @@ __device__ __forceinline__ uint4 lds_u32x4(uint32_t at) {
         : "r"(at));
     return v;
 }
+// The same load kept in program order among the shared-memory stores, barriers and
+// arrivals around it (volatile, a memory clobber): for data handed between threads with
+// no address dependence to order it.
+__device__ __forceinline__ uint4 lds_u32x4_ordered(uint32_t at) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at)
+                 : "memory");
+    return v;
+}
+// A 64-bit shared-memory store, in program order as lds_u32x4_ordered.
+__device__ __forceinline__ void sts_u32x2(uint32_t at, uint32_t a, uint32_t b) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at), "r"(a), "r"(b) : "memory");
+}
 __device__ __forceinline__ uint4 lds_u32x4_if(bool on, uint32_t at) {
     uint4 v = make_uint4(0, 0, 0, 0);
     asm(

@@ -146,6 +146,16 @@ KBIT_HD uint16_t store_cast(BF16, float v) {
     return KBIT_DEVICE_ELSE(__bfloat16_as_ushort(__float2bfloat16_rn(v)), f32_to_bf16_bits(v));
 }
 
+// A matmul's output y[i][r] (x row i, W row r; y row-major, n_out a row): the float32
+// sum plus bias[r] where there is a bias, rounded once (SPEC 6). Every matmul kernel and
+// the host loop store through it.
+template <class T>
+KBIT_HD void store_y(typename T::storage *y, const typename T::storage *bias, int64_t i,
+                     int64_t r, int64_t n_out, float v) {
+    if (bias) v += load_f32(T{}, bias[r]);
+    y[i * n_out + r] = store_cast(T{}, v);
+}
+
 }  // namespace kbit
 
 // (type tag, C name) for every element type: one list feeds every family's

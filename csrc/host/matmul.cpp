@@ -113,9 +113,7 @@ void run(const Rows &rows, const void *x, int64_t m, int64_t k_in, int64_t n_out
                 for (int64_t i = 0; i < m; ++i) {
                     for (int64_t j = 0; j < k_in; ++j) xf[j] = load_f32(T{}, xs[i * k_in + j]);
                     for (int64_t t = 0; t < tile; ++t) {
-                        float acc = dot(xf, w + t * k_in, k_in);
-                        if (bs) acc += load_f32(T{}, bs[r0 + t]);
-                        ys[i * n_out + r0 + t] = store_cast(T{}, acc);
+                        store_y<T>(ys, bs, i, r0 + t, n_out, dot(xf, w + t * k_in, k_in));
                     }
                 }
             }

@@ -401,10 +401,7 @@ gemm_kernel(Dec dec, const float *__restrict__ codebook, int k,
     const int64_t r_base = m0 + wm * MT * 16 + g, c_base = n0 + wn * NT * 8 + 2 * t;
     auto store = [&](int i, int j, int e, float v) {
         const int64_t r = r_base + 16 * i + 8 * (e >> 1), col = c_base + 8 * j + (e & 1);
-        if (r < m && col < n_out) {
-            if (bias) v += load_f32(T{}, bias[col]);
-            y[r * n_out + col] = store_cast(T{}, v);
-        }
+        if (r < m && col < n_out) store_y<T>(y, bias, r, col, n_out, v);
     };
     if (splits == 1) {
 #pragma unroll

@@ -144,11 +144,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[kAcc], int64_t tile,
     const int64_t w_base = n0 + 16 * warp + (lane >> 2), x_base = m0 + 2 * (lane & 3);
     auto store = [&](int i, float v) {
         const int64_t wr = w_base + 8 * ((i >> 1) & 1), xr = x_base + 8 * (i >> 2) + (i & 1);
-        if (wr < n_out && xr < m) {
-            v *= out_mul;
-            if (bias) v += load_f32(T{}, bias[wr]);
-            y[xr * n_out + wr] = store_cast(T{}, v);
-        }
+        if (wr < n_out && xr < m) store_y<T>(y, bias, xr, wr, n_out, v * out_mul);
     };
     if (splits == 1) {
 #pragma unroll
@@ -1026,14 +1022,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t at, uint32_t a, uint3
                  "r"(a), "r"(b), "r"(c), "r"(d)
                  : "memory");
 }
-__device__ __forceinline__ uint4 lds_u32x4_ordered(uint32_t at) {  // (after the stores above)
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(at)
-                 : "memory");
-    return v;
-}
 template <class T, int BN>
 __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int64_t n0,
                                                   int64_t m0, int64_t m, int64_t n_out,
@@ -1581,11 +1569,15 @@ struct Affine<F16> {
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     // a = d (fp16 bits), b = 0
     __device__ static Affine of_half(uint32_t d) { return {__byte_perm(d, 0u, 0x1010u), 0u}; }
-    // (a, b) = (s d, m e) for the small integers s, m in bytes 0 and 2 of `sm`
-    // (with_exponent) and the fp16 pair (d, e): each product rounded once, as `of` rounds
-    // the float32 ones
+    // (s - off) d and (m - off) e for the small integers s, m in bytes 0 and 2 of `sm`
+    // (with_exponent: 1024 + s, 1024 + m, exact less 1024 + off) and the fp16 pair (d, e):
+    // each product rounded once, as `of` rounds the float32 ones
+    __device__ static uint32_t products(uint32_t sm, float off, uint32_t de) {
+        return hmul2<F16>(hadd2<F16>(sm, splat<F16>(-(1024.0f + off))), de);
+    }
+    // (a, b) = (s d, m e)
     __device__ static Affine of_products(uint32_t sm, uint32_t de) {
-        const uint32_t w = hmul2<F16>(hadd2<F16>(sm, splat<F16>(-1024.0f)), de);
+        const uint32_t w = products(sm, 0.0f, de);
         return {__byte_perm(w, 0u, 0x1010u), __byte_perm(w, 0u, 0x3232u)};
     }
     template <int kOff, bool kMin>
@@ -1794,12 +1786,11 @@ struct Q6_KG {
                 f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
         }
         if constexpr (std::is_same_v<T, F16>) {
-            // both steps' d sc in one HMUL2: the bytes as fp16 1024 + sc + 128, less 1152
-            // (exact), times d, each product rounded once (as the float32 one is)
+            // both steps' d sc in one HMUL2: the scale bytes (sc + 128) spread to bytes 0
+            // and 2, less 128, times d
             const uint32_t w = __byte_perm(r.sc[4 * hf + q] ^ 0x8080u, 0u, 0x4140u);
-            const uint32_t p = hmul2<F16>(hadd2<F16>(with_exponent(w, 0x00FF00FFu), splat<F16>(-1152.0f)), r.d2);
-            f[0].a = __byte_perm(p, 0u, 0x1010u), f[1].a = __byte_perm(p, 0u, 0x3232u);
-            f[0].b = f[1].b = 0u;
+            const uint32_t p = Affine<T>::products(with_exponent(w, 0x00FF00FFu), 128.0f, r.d2);
+            f[0] = {__byte_perm(p, 0u, 0x1010u), 0u}, f[1] = {__byte_perm(p, 0u, 0x3232u), 0u};
         }
     }
 };

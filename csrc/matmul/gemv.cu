@@ -70,36 +70,29 @@ __device__ __forceinline__ void chunk_mma(const uint32_t (&pa)[4], const uint32_
     acc[3] = fmaf(sb, c[3], acc[3]);
 }
 
-// A CTA-wide barrier (the default of store_tile).
-struct CtaSync {
-    __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-
-// The partial sums of kW warps (threads 0 .. 32 kW - 1) of a 16 x 8 tile, added in a
-// fixed order; bias, one rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns
-// 2t, 2t+1). sync: the barrier of those warps. Before its next call, the warps must meet
-// again (its shared partial sums are reused).
-template <class T, int kW = kWarps, class Sync = CtaSync>
+// The partial sums of the CTA's kWarps warps of a 16 x 8 tile, added in a fixed order;
+// bias, one rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns 2t, 2t+1).
+// Before its next call, the CTA must meet again (its shared partial sums are reused).
+template <class T>
 __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t r0, int64_t m0,
                                            int64_t m, int64_t n_out,
                                            const typename T::storage *bias,
-                                           typename T::storage *y, Sync sync = {}) {
-    __shared__ float partial[kW][kTileRows][kMaxM];
+                                           typename T::storage *y) {
+    __shared__ float partial[kWarps][kTileRows][kMaxM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     partial[warp][g][2 * t] = acc[0];
     partial[warp][g][2 * t + 1] = acc[1];
     partial[warp][g + 8][2 * t] = acc[2];
     partial[warp][g + 8][2 * t + 1] = acc[3];
-    sync();
+    __syncthreads();
     if (threadIdx.x < kTileRows * kMaxM) {
         const int row = threadIdx.x / kMaxM, col = threadIdx.x % kMaxM;
         const int64_t r = r0 + row, i = m0 + col;
         if (r < n_out && i < m) {
             float v = 0.0f;
 #pragma unroll
-            for (int w = 0; w < kW; ++w) v += partial[w][row][col];
-            if (bias) v += load_f32(T{}, bias[r]);
-            y[i * n_out + r] = store_cast(T{}, v);
+            for (int w = 0; w < kWarps; ++w) v += partial[w][row][col];
+            store_y<T>(y, bias, i, r, n_out, v);
         }
     }
 }
@@ -504,9 +497,8 @@ struct TileSums {
                                         const float (&v)[4]) const {
         if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
         const uint32_t w = at + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(w), "f"(v[0]), "f"(v[1]) : "memory");
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};"
-                     ::"r"(w + 8 * kMaxM * 4), "f"(v[2]), "f"(v[3]) : "memory");
+        sts_u32x2(w, __float_as_uint(v[0]), __float_as_uint(v[1]));                 // row g
+        sts_u32x2(w + 8 * kMaxM * 4, __float_as_uint(v[2]), __float_as_uint(v[3]));  // row g + 8
         mbar_arrive(full);
     }
     // The reducer warp: row tile j (rows r0..) to y, lane l the outputs 4 l .. 4 l + 3 of
@@ -519,21 +511,17 @@ struct TileSums {
         const uint32_t from = at + mbar_wait(full, static_cast<uint32_t>(j & 1)) + 16 * lane;
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) {
-            float4 p;  // (volatile: read before the release below)
-            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                         : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-                         : "r"(from + w * kTileSumBytes) : "memory");
-            v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+        for (int w = 0; w < kStreamWarps; ++w) {  // (ordered: read before the release below)
+            const uint4 p = lds_u32x4_ordered(from + w * kTileSumBytes);
+            v[0] += __uint_as_float(p.x), v[1] += __uint_as_float(p.y);
+            v[2] += __uint_as_float(p.z), v[3] += __uint_as_float(p.w);
         }
         mbar_arrive(empty);
         const int64_t r = r0 + lane / 2;
-        if (r >= n_out) return;
-        const float add = bias ? load_f32(T{}, bias[r]) : 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int64_t i = (lane & 1) * 4 + k;
-            if (i < m) y[i * n_out + r] = store_cast(T{}, bias ? v[k] + add : v[k]);
+            if (r < n_out && i < m) store_y<T>(y, bias, i, r, n_out, v[k]);
         }
     }
 };
@@ -1104,10 +1092,7 @@ gemv_generic_kernel(Values values, const typename T::storage *__restrict__ x, in
             float v = acc[i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-            if (lane == 0) {
-                if (bias) v += load_f32(T{}, bias[r]);
-                y[(m0 + i) * n_out + r] = store_cast(T{}, v);
-            }
+            if (lane == 0) store_y<T>(y, bias, m0 + i, r, n_out, v);
         }
     }
 }

@@ -467,8 +467,7 @@ __device__ __forceinline__ void store_stream_group(Sums<NT> &acc, int64_t tile0,
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < kU; ++w) v += partial[r * kU + w][row][col];
-            if (bias) v += load_f32(T{}, bias[n]);
-            y[i * n_out + n] = store_cast(T{}, v);
+            store_y<T>(y, bias, i, n, n_out, v);
         }
     }
     acc = Sums<NT>{};
