@@ -177,6 +177,13 @@ def test_streamed_two_units_a_warp(rng, k):
     _tiled_matmul(24, 16416, k, (3,))
 
 
+def test_streamed_two_tiles_a_stage(rng):
+    """K = 2 with x resident: two row tiles a stage (6400x4128 at m = 1, 2: 400 row tiles,
+    three or four a CTA, a CTA's odd last tile alone; rows of 33 groups, the last of one
+    chunk)."""
+    _tiled_matmul(6400, 4128, 2, (1, 2))
+
+
 @pytest.mark.parametrize("m", [1, 8])
 def test_streamed_quad_tables(rng, m):
     """K = 2's quad table (40x53280: 27 stages a CTA) in 32 copies (m = 1) and in 16 (m = 8:

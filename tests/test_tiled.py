@@ -325,15 +325,15 @@ def test_gpu_streamed_gemv_shapes(rng, k):
 
 
 def streamed_gemv_kernels(run):
-    """(K, quad-table copies, units a warp) of each streamed tiled GEMV kernel that run()
-    launches, from the kernel names torch.profiler records."""
+    """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
+    kernel that run() launches, from the kernel names torch.profiler records."""
     import re
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    pattern = re.compile(r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+)>")
+    pattern = re.compile(r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)>")
     return [tuple(int(v) for v in m.groups())
             for m in (pattern.search(e.name) for e in prof.events()) if m]
 
@@ -341,32 +341,37 @@ def streamed_gemv_kernels(run):
 @requires_gpu
 def test_gpu_streamed_quads_with_resident_x():
     """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
-    three or more a CTA on up to 138 SMs; 32 stages of 16 units a CTA, taken as 16 of two
-    units a warp: 128 groups a row), m = 1 and 2 (32 and 64 KB of x), the table in 32
-    copies; 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs; 128 KB of x,
-    beside which 32 copies would leave no ring of three: 16 copies); made on the GPU,
-    against x times the dequantized W in float32. On sm_90 (with up to 132 SMs: the streamed
-    kernel's table and units depend on the CTAs) the launched kernel is checked too."""
+    three or more a CTA on up to 138 SMs; 32 stages of 16 units a CTA), m = 1 and 2 (32 and
+    64 KB of x), the table in 32 copies, two row tiles a stage (a CTA's odd last tile
+    alone); 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs; 128 KB of x,
+    beside which 32 copies would leave no ring of three: 16 copies, and one row tile a stage:
+    two would leave a ring of two); 6400x4128 at m = 1 with a bias (400 row tiles, three or
+    four a CTA; rows of 33 groups, the last of one chunk: the pair table, two row tiles a
+    stage); made on the GPU, against x times the dequantized W in float32 (plus the bias).
+    On sm_90 (with up to 132 SMs: the streamed kernel's table and units depend on the CTAs)
+    the launched kernel is checked too."""
     import torch
     sm90 = torch.cuda.get_device_capability() == (9, 0) and \
         torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(5)
-    # (n_out, k_in, m's, the kernel: K, quad-table copies, units a warp)
-    for n_out, k_in, ms, kernel in ((6656, 16384, (1, 2), (2, 32, 2)),
-                                    (17024, 8192, (8,), (2, 16, 1))):
+    # (n_out, k_in, m's, the kernel: K, quad-table copies, units a warp, row tiles a stage)
+    for n_out, k_in, ms, kernel in ((6656, 16384, (1, 2), (2, 32, 1, 2)),
+                                    (17024, 8192, (8,), (2, 16, 1, 1)),
+                                    (6400, 4128, (1,), (2, 0, 1, 2))):
         w = torch.randn(n_out, k_in, device="cuda", generator=gen)
         q = kbit.quantize(w, k=2)
         del w
         w32 = kbit.dequantize(q, dtype="float32")
         t = kbit.tile(q)
+        bias = torch.randn(n_out, device="cuda", generator=gen).half() if k_in % 128 else None
         for m in ms:
             x = torch.randn(m, k_in, device="cuda", generator=gen).half()
-            y = kbit.matmul(x, t).float()
-            ref = x.float() @ w32.T
+            y = kbit.matmul(x, t, bias).float()
+            ref = x.float() @ w32.T + (0 if bias is None else bias.float())
             err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
             assert err <= TOL["float16"], f"{n_out}x{k_in} m={m}: relative error {err:.3g}"
             if sm90:
-                ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t))
+                ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
 
 

@@ -316,7 +316,9 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
 // arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
-// through shared memory (TileSums) and go on. Every per-stage address is a lane's fixed
+// through shared memory (TileSums) and go on. At K = 2 with x resident a stage holds the
+// same groups of two row tiles, whose units a warp decodes against one load of x
+// (kAcrossMinRing). Every per-stage address is a lane's fixed
 // offset plus the slot's: the loop keeps to 32-bit arithmetic (bench/RESULTS.md, session
 // 7: a version that recomputed them issued 0.21 warp-instructions per weight, this one
 // 0.115 at K = 4).
@@ -361,6 +363,15 @@ constexpr int kQuadMinRing = 3;
 // m = 8 (fewer, larger stages a CTA).
 constexpr int kPairMinGroups = 128;
 constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
+// K = 2 where x is resident takes two row tiles a stage (kTiles = 2: a warp's two units are
+// one group of each, which share its x loads) where a ring of kAcrossMinRing stages is left.
+// At m = 1 the decode alone (its W copies removed) ran 37 µs on 8192x28672 against 30 for
+// the copies alone: K = 2 is bound by its decode, whose shared-memory loads return x's 16
+// bytes a lane a chunk beside the table's 32 (H100, bench/RESULTS.md session 23).
+// Measured: 28672x8192 m = 1..4 9% faster, 8192x28672 m = 1 5%, 4096x14336 and 14336x4096
+// at m = 2 1-2%; with a ring of two (28672x8192 at m = 8) 2% slower. (K = 3, 4, 5 and NF4,
+// bound by the copies, measured -3% to +3% by shape: not taken.)
+constexpr int kAcrossMinRing = 3;
 // The bytes of the streamed tiled GEMV's table: K = 2's quad table in kQuads copies (32:
 // rows of 256 bytes, 64 KB; 16: 32 KB, where 32 copies would cost x its residence or leave
 // fewer than kQuadMinRing stages), K = 4's pair table in rows of 256 bytes (64 KB), other K
@@ -440,15 +451,17 @@ __device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, i
 // evenly over the grid), their `stages` stages, and the rows of x (all of them: one pass,
 // m <= pass_rows, as the launchers ask).
 struct StreamWalk {
-    int64_t first, stages;
+    int64_t first, stages, tiles;  // tiles: the run's
     int x_rows;
 };
+// (stages: those of the run's groups of kTiles row tiles, stages_per_tile each)
+template <int kTiles = 1>
 __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_tile, int64_t m,
                                                   int pass_rows) {
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int64_t first = blockIdx.x * tiles / gridDim.x,
                   last = (blockIdx.x + 1) * tiles / gridDim.x;
-    return {first, (last - first) * stages_per_tile,
+    return {first, (last - first + kTiles - 1) / kTiles * stages_per_tile, last - first,
             static_cast<int>(m < pass_rows ? m : pass_rows)};
 }
 
@@ -489,39 +502,53 @@ constexpr int kTileSumsBytes = kStreamWarps * kTileSumBytes;  // the buffer, 8 K
 // partial sums are the buffer).
 constexpr int kTiledStreamSmem = 225 * 1024;
 
+template <int kTiles = 1>
 struct TileSums {
     uint32_t at, full, empty;  // the buffer's shared address and barriers
-    // A consumer lane's fragment (rows g, g + 8; columns 2t, 2t + 1) of row tile j of its
-    // CTA's run, once the reducer has read tile j - 1's.
+    // A consumer lane's fragments (rows g, g + 8; columns 2t, 2t + 1) of the j-th group of
+    // kTiles row tiles of its CTA's run (n of them), once the reducer has read group j - 1's.
     __device__ __forceinline__ void put(int64_t j, int warp, int g, int t,
-                                        const float (&v)[4]) const {
+                                        const float (&v)[kTiles][4], int n) const {
         if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
-        const uint32_t w = at + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
-        sts_u32x2(w, __float_as_uint(v[0]), __float_as_uint(v[1]));                 // row g
-        sts_u32x2(w + 8 * kMaxM * 4, __float_as_uint(v[2]), __float_as_uint(v[3]));  // row g + 8
+#pragma unroll
+        for (int u = 0; u < kTiles; ++u) {
+            if (u >= n) break;
+            const uint32_t w =
+                at + u * kTileSumsBytes + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
+            sts_u32x2(w, __float_as_uint(v[u][0]), __float_as_uint(v[u][1]));  // row g
+            sts_u32x2(w + 8 * kMaxM * 4, __float_as_uint(v[u][2]),
+                      __float_as_uint(v[u][3]));  // row g + 8
+        }
         mbar_arrive(full);
     }
-    // The reducer warp: row tile j (rows r0..) to y, lane l the outputs 4 l .. 4 l + 3 of
-    // the row-major 16 x 8 tile (row l / 2).
+    // The reducer warp: the j-th group's n row tiles (rows r0..) to y, lane l the outputs
+    // 4 l .. 4 l + 3 of each row-major 16 x 8 tile (row l / 2).
     template <class T>
-    __device__ __forceinline__ void reduce(int64_t j, int64_t r0, int64_t m, int64_t n_out,
-                                           const typename T::storage *bias,
+    __device__ __forceinline__ void reduce(int64_t j, int64_t r0, int n, int64_t m,
+                                           int64_t n_out, const typename T::storage *bias,
                                            typename T::storage *y) const {
         const int lane = threadIdx.x & 31;
         const uint32_t from = at + mbar_wait(full, static_cast<uint32_t>(j & 1)) + 16 * lane;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float v[kTiles][4] = {};
 #pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) {  // (ordered: read before the release below)
-            const uint4 p = lds_u32x4_ordered(from + w * kTileSumBytes);
-            v[0] += __uint_as_float(p.x), v[1] += __uint_as_float(p.y);
-            v[2] += __uint_as_float(p.z), v[3] += __uint_as_float(p.w);
+        for (int u = 0; u < kTiles; ++u) {
+            if (u >= n) break;
+#pragma unroll
+            for (int w = 0; w < kStreamWarps; ++w) {  // (ordered: read before the release)
+                const uint4 p = lds_u32x4_ordered(from + u * kTileSumsBytes + w * kTileSumBytes);
+                v[u][0] += __uint_as_float(p.x), v[u][1] += __uint_as_float(p.y);
+                v[u][2] += __uint_as_float(p.z), v[u][3] += __uint_as_float(p.w);
+            }
         }
         mbar_arrive(empty);
-        const int64_t r = r0 + lane / 2;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int64_t i = (lane & 1) * 4 + k;
-            if (r < n_out && i < m) store_y<T>(y, bias, i, r, n_out, v[k]);
+        for (int u = 0; u < kTiles; ++u) {
+            const int64_t r = r0 + u * kTileRows + lane / 2;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int64_t i = (lane & 1) * 4 + k;
+                if (u < n && r < n_out && i < m) store_y<T>(y, bias, i, r, n_out, v[u][k]);
+            }
         }
     }
 };
@@ -548,8 +575,10 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
     }
 }
 
-// Up to 8 rows of x (one n8 tile).
-template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp>
+// Up to 8 rows of x (one n8 tile). kTiles > 1 (with kPerWarp 1 and x resident): a stage
+// holds the same groups of kTiles consecutive row tiles, and a warp's units are one group
+// of each, which share its x loads.
+template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp, int kTiles = 1>
 __global__ void __launch_bounds__(kTiledStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -560,9 +589,10 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     __trap();  // the bulk copy engine and mbarrier waits are sm_90's; never launched below
 #else
     static_assert(!kQuads || K == 2, "the quad table is K = 2's");
+    static_assert(kTiles == 1 || kPerWarp == 1, "a warp's units: one tile's or kTiles'");
     using Dec = KbitStaged<T, K, FMT>;  // its pair entries
-    using St = StreamStage<K, FMT, kPerWarp>;
-    constexpr int kSB = St::kSB, kUnits = St::kUnits;
+    using St = StreamStage<K, FMT, kPerWarp * kTiles>;
+    constexpr int kSB = St::kSB, kUnits = kStreamWarps * kPerWarp;  // kUnits: groups a stage
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
@@ -576,13 +606,18 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int chunks = static_cast<int>(k_in / kChunk);
     const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
     const int stages_per_tile = (groups + kUnits - 1) / kUnits;
-    const StreamWalk walk = stream_walk(n_out, stages_per_tile, m, kMaxM);
+    const StreamWalk walk = stream_walk<kTiles>(n_out, stages_per_tile, m, kMaxM);
     const int64_t first = walk.first, stages = walk.stages;
     const int x_rows = walk.x_rows;
+    // row tiles of the run's j-th group of kTiles
+    const auto group_tiles = [&](int64_t j) {
+        if constexpr (kTiles == 1) return 1;
+        else return static_cast<int>(min(static_cast<int64_t>(kTiles), walk.tiles - j * kTiles));
+    };
     // dynamic shared memory: the table, the tile sums' buffer, x (if resident), the ring
-    const TileSums sums{smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>(),
-                        smem_address(&sums_full), smem_address(&sums_empty)};
-    const ResidentX rx{x_stride, x_rows, sums.at + kTileSumsBytes};
+    const TileSums<kTiles> sums{smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>(),
+                                smem_address(&sums_full), smem_address(&sums_empty)};
+    const ResidentX rx{x_stride, x_rows, sums.at + kTiles * kTileSumsBytes};
     const int stage_bytes = St::bytes(rx.on() ? 0 : x_rows);
     const uint32_t ring_at = rx.ring_at();
     // (opaque: kept in registers, where the loop recomputed each from the CTA's cluster id)
@@ -608,10 +643,26 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     RingSlot p;
     int p_g0 = 0;
     int64_t p_unit = first * groups, issued = 0;  // p_unit: stage `issued`'s first unit
+    int64_t p_group = 0;  // (kTiles > 1) the group of row tiles of stage `issued`
     auto produce = [&](int64_t until) {
         for (; issued < until; ++issued) {
             if (issued >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
+            if constexpr (kTiles > 1) {  // n units of each tile, x resident
+                const int nt = group_tiles(p_group);
+                const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
+                mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS));
+                for (int u = 0; u < nt; ++u) {
+                    const int64_t unit = (first + p_group * kTiles + u) * groups + p_g0;
+                    bulk_copy(dst + u * kStreamWarps * St::kUnitW, packed + unit * St::kUnitW,
+                              n * St::kUnitW, bar, w_policy);
+                    bulk_copy(dst + St::kScales + u * kStreamWarps * St::kUnitS,
+                              absmax + unit * St::kUnitS, n * St::kUnitS, bar, w_policy);
+                }
+                p.next(ring_stages, stage_bytes);
+                if ((p_g0 += kUnits) >= groups) p_g0 = 0, ++p_group;
+                continue;
+            }
             const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
             mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
@@ -643,7 +694,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     }
     if (warp == kStreamWarps + 1) {  // the reducer: each row tile's sums to y
         for (int64_t j = 0; j < stages / stages_per_tile; ++j)
-            sums.reduce<T>(j, (first + j) * kTileRows, m, n_out, bias, y);
+            sums.template reduce<T>(j, (first + j * kTiles) * kTileRows, group_tiles(j), m,
+                                    n_out, bias, y);
         return;
     }
 
@@ -679,46 +731,100 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         }
     };
 
-    Sums<1> acc;
+    float acc[kTiles][4] = {};  // row tile u of the group's C fragment
+    int nt = group_tiles(0);     // row tiles of the current group
+    // Chunk v of the warp's units: N row tiles' segments w, scales sa / sb (rows g, g + 8),
+    // x at xu (shared by the N units: one group of N row tiles).
+    auto chunk = [&](auto tiles, int v, const uint32_t (&w)[kTiles][2 * K],
+                     const uint32_t (&sa)[kTiles][kScaleWords],
+                     const uint32_t (&sb)[kTiles][kScaleWords], uint32_t xu) {
+        constexpr int N = decltype(tiles)::value;
+        const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            uint32_t pa[4], pb[4];
+            chunk_pairs<K>(w[u], v, my_table, pa, pb);
+            chunk_mma<T>(pa, pb, xv, scale(sa[u], v), scale(sb[u], v), acc[u]);
+        }
+    };
+    // (kTiles > 1) The warp's units of the stage at `at`: group `unit` of the group's first
+    // N row tiles (slots u kStreamWarps + warp); the chunks that hold elements of k_in.
+    auto units = [&](auto tiles, uint32_t at, int unit, uint32_t xu) {
+        constexpr int N = decltype(tiles)::value;
+        // chunks of the unit that hold elements of k_in (<= 0: none, or no unit)
+        const int left = chunks - unit * tiled::kGroupChunks;
+        if (left <= 0 || unit >= groups) return;
+        uint32_t w[kTiles][2 * K];  // the lane's segments
+        uint32_t sa[kTiles][kScaleWords], sb[kTiles][kScaleWords];
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            seg.load(at + u * kStreamWarps * St::kUnitW, w[u]);
+            const uint32_t us = sc_at + at + u * kStreamWarps * St::kUnitS;
+            load_scales(us, sa[u]);
+            load_scales(us + 8 * tiled::kGroupChunks * kSB, sb[u]);
+        }
+        if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
+#pragma unroll
+            for (int v = 0; v < kUnitChunks; ++v) chunk(tiles, v, w, sa, sb, xu);
+        } else {
+#pragma unroll
+            for (int v = 0; v < kUnitChunks; ++v)
+                if (v < left) chunk(tiles, v, w, sa, sb, xu);
+        }
+    };
+    using One = std::integral_constant<int, 1>;
     consume_stages<kUnits>(walk, groups, full_at, empty_at, ring_stages, stage_bytes,
                            [&](uint32_t at, int g0) {
+        if constexpr (kTiles > 1) {  // x resident
+            static_assert(kTiles == 2, "a group's last tile alone: N = 1");
+            const uint32_t xu = x_at + g0 * St::kXUnit;
+            if (nt == kTiles) units(std::integral_constant<int, kTiles>{}, at, g0 + warp, xu);
+            else units(One{}, at, g0 + warp, xu);
+        } else {
 #pragma unroll
-        for (int u = 0; u < kPerWarp; ++u) {  // unit warp + u kStreamWarps of the stage
-            const int unit = g0 + warp + u * kStreamWarps;
-            const uint32_t ua = at + u * kStreamWarps * St::kUnitW,
-                           us = at + u * kStreamWarps * St::kUnitS;
-            // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
-            const int left = chunks - unit * tiled::kGroupChunks;
-            if (left > 0 && unit < groups) {
-                uint32_t w[2 * K];  // the lane's segment
-                seg.load(ua, w);
-                uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
-                load_scales(sc_at + us, sa);
-                load_scales(sc_at + us + 8 * tiled::kGroupChunks * kSB, sb);
-                const uint32_t xu = (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) +
-                                    u * kStreamWarps * St::kXUnit;
-                auto one = [&](int v) {  // chunk v of the unit
-                    uint32_t pa[4], pb[4];
-                    chunk_pairs<K>(w, v, my_table, pa, pb);
-                    const float fa = scale(sa, v), fb = scale(sb, v);
-                    const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
-                    chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
-                };
-                if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
+            for (int u = 0; u < kPerWarp; ++u) {  // unit warp + u kStreamWarps of the stage
+                const int unit = g0 + warp + u * kStreamWarps;
+                const uint32_t ua = at + u * kStreamWarps * St::kUnitW,
+                               us = at + u * kStreamWarps * St::kUnitS;
+                // chunks of the warp's unit that hold elements of k_in (<= 0: none, or no unit)
+                const int left = chunks - unit * tiled::kGroupChunks;
+                if (left > 0 && unit < groups) {
+                    uint32_t w[2 * K];  // the lane's segment
+                    seg.load(ua, w);
+                    uint32_t sa[kScaleWords], sb[kScaleWords];  // rows g, g + 8
+                    load_scales(sc_at + us, sa);
+                    load_scales(sc_at + us + 8 * tiled::kGroupChunks * kSB, sb);
+                    const uint32_t xu = (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) +
+                                        u * kStreamWarps * St::kXUnit;
+                    auto one = [&](int v) {  // chunk v of the unit
+                        uint32_t pa[4], pb[4];
+                        chunk_pairs<K>(w, v, my_table, pa, pb);
+                        const float fa = scale(sa, v), fb = scale(sb, v);
+                        const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+                        chunk_mma<T>(pa, pb, xv, fa, fb, acc[0]);
+                    };
+                    if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
-                    for (int v = 0; v < kUnitChunks; ++v) one(v);
-                } else {
+                        for (int v = 0; v < kUnitChunks; ++v) one(v);
+                    } else {
 #pragma unroll
-                    for (int v = 0; v < kUnitChunks; ++v)
-                        if (v < left) one(v);
+                        for (int v = 0; v < kUnitChunks; ++v)
+                            if (v < left) one(v);
+                    }
                 }
             }
         }
-    }, [&](int64_t j) {  // row tile j's sums, times out, to the reducer
+    }, [&](int64_t j) {  // the group's row tiles' sums, times out, to the reducer
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc.v[0][i] *= scale.out;
-        sums.put(j, warp, g, t, acc.v[0]);
-        acc = Sums<1>{};
+        for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[u][i] *= scale.out;
+        sums.put(j, warp, g, t, acc, nt);
+#pragma unroll
+        for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[u][i] = 0.0f;
+        nt = group_tiles(j + 1);
     });
 #endif
 }
@@ -1274,15 +1380,17 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     // streamed: a persistent CTA an SM, with a ring of two stages or more
                     StreamLaunch l;
                     int quads = 0;  // the quad table's copies (K = 2)
+                    bool across = false;  // two row tiles a stage
                     const int64_t groups = blocks_of(k_in / kChunk, tiled::kGroupChunks);
                     const bool pairs = K <= 3 && groups >= kPairMinGroups;
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
-                        auto plan = [&](int table) {
+                        auto plan = [&](int table, int slots = 0, int sum_tiles = 1) {
+                            const bool two = slots ? slots == 2 : pairs;  // units a warp
                             return stream_launch(n_out, k_in, rows, rows, true, 16,
-                                                 table + kTileSumsBytes,
-                                                 pairs ? StreamStage<K, F, 2>::bytes
-                                                       : StreamStage<K, F, 1>::bytes,
+                                                 table + sum_tiles * kTileSumsBytes,
+                                                 two ? StreamStage<K, F, 2>::bytes
+                                                     : StreamStage<K, F, 1>::bytes,
                                                  l, kResidentXTiled, kTiledStreamSmem);
                         };
                         err = plan(stream_table_bytes<T, K, F, 0>());
@@ -1307,10 +1415,23 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             }
                             if (quads == 0) l = pair_table;
                         }
+                        // K = 2 with x resident: two row tiles a stage where x stays
+                        // resident beside them and a ring of kAcrossMinRing
+                        if (K == 2 && l.x_stride) {
+                            const StreamLaunch one = l;
+                            err = plan(quads == 32   ? QuadTable<32>::kBytes
+                                       : quads == 16 ? QuadTable<16>::kBytes
+                                                     : stream_table_bytes<T, K, F, 0>(),
+                                       2, 2);
+                            if (err != cudaSuccess) return;
+                            if (l.x_stride && l.ring >= kAcrossMinRing) across = true;
+                            else l = one;
+                        }
                     }
-                    auto streamed = [&](auto q, auto per_warp) {
-                        constexpr auto kernel = gemv_tiled_kernel<T, K, F, decltype(q)::value,
-                                                                  decltype(per_warp)::value>;
+                    auto streamed = [&](auto q, auto per_warp, auto tiles) {
+                        constexpr auto kernel =
+                            gemv_tiled_kernel<T, K, F, decltype(q)::value,
+                                              decltype(per_warp)::value, decltype(tiles)::value>;
                         err = allow_smem<kernel>(kTiledStreamSmem);
                         if (err != cudaSuccess) return;
                         kernel<<<l.ctas, kTiledStreamThreads, l.smem(), stream>>>(
@@ -1322,9 +1443,12 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     };
                     // two units a warp only at K <= 3 (`pairs` is false above)
                     auto per_warp = [&](auto q) {
+                        using One = std::integral_constant<int, 1>;
+                        using Two = std::integral_constant<int, 2>;
+                        if (across) return streamed(q, One{}, Two{});
                         if constexpr (K <= 3)
-                            if (pairs) return streamed(q, std::integral_constant<int, 2>{});
-                        streamed(q, std::integral_constant<int, 1>{});
+                            if (pairs) return streamed(q, Two{}, One{});
+                        streamed(q, One{}, One{});
                     };
                     if (l.ring >= 2) {
                         if constexpr (K == 2) {
