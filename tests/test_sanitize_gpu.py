@@ -177,11 +177,12 @@ def test_streamed_two_units_a_warp(rng, k):
     _tiled_matmul(24, 16416, k, (3,))
 
 
-def test_streamed_two_tiles_a_stage(rng):
-    """K = 2 with x resident: two row tiles a stage (6400x4128 at m = 1, 2: 400 row tiles,
-    three or four a CTA, a CTA's odd last tile alone; rows of 33 groups, the last of one
-    chunk)."""
-    _tiled_matmul(6400, 4128, 2, (1, 2))
+@pytest.mark.parametrize("n_out", [6400, 4400])
+def test_streamed_two_tiles_a_stage(rng, n_out):
+    """K = 2: two row tiles a stage (rows of 33 groups, the last of one chunk), with x
+    resident (6400 rows: 400 row tiles, three or four a CTA, a CTA's odd last tile alone)
+    and with x copied with each stage (4400 rows: two or three a CTA), m = 1 and 3."""
+    _tiled_matmul(n_out, 4128, 2, (1, 3))
 
 
 @pytest.mark.parametrize("m", [1, 8])

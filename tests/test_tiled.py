@@ -339,17 +339,18 @@ def streamed_gemv_kernels(run):
 
 
 @requires_gpu
-def test_gpu_streamed_quads_with_resident_x():
-    """K = 2's quad table beside x held for the whole kernel: 6656x16384 (416 row tiles,
-    three or more a CTA on up to 138 SMs; 32 stages of 16 units a CTA), m = 1 and 2 (32 and
-    64 KB of x), the table in 32 copies, two row tiles a stage (a CTA's odd last tile
-    alone); 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs; 128 KB of x,
-    beside which 32 copies would leave no ring of three: 16 copies, and one row tile a stage:
-    two would leave a ring of two); 6400x4128 at m = 1 with a bias (400 row tiles, three or
-    four a CTA; rows of 33 groups, the last of one chunk: the pair table, two row tiles a
-    stage); made on the GPU, against x times the dequantized W in float32 (plus the bias).
-    On sm_90 (with up to 132 SMs: the streamed kernel's table and units depend on the CTAs)
-    the launched kernel is checked too."""
+def test_gpu_streamed_k2_kernels():
+    """K = 2's streamed kernels: the quad table beside x held for the whole kernel:
+    6656x16384 (416 row tiles, three or more a CTA on up to 138 SMs; 32 stages of 16 units a
+    CTA), m = 1 and 2 (32 and 64 KB of x), the table in 32 copies, two row tiles a stage (a
+    CTA's odd last tile alone); 17024x8192 at m = 8 (1064 row tiles, eight a CTA on 132 SMs;
+    128 KB of x, beside which 32 copies would leave no ring of three: 16 copies, and one row
+    tile a stage: two would leave a ring of two); 6400x4128 at m = 1 with a bias (400 row
+    tiles, three or four a CTA; rows of 33 groups, the last of one chunk: the pair table, two
+    row tiles a stage); 4400x4128 at m = 3 with a bias (two or three row tiles a CTA: x
+    copied with each stage, two row tiles a stage); made on the GPU, against x times the
+    dequantized W in float32 (plus the bias). On sm_90 (with up to 132 SMs: the streamed
+    kernel's table and units depend on the CTAs) the launched kernel is checked too."""
     import torch
     sm90 = torch.cuda.get_device_capability() == (9, 0) and \
         torch.cuda.get_device_properties(0).multi_processor_count <= 132
@@ -357,7 +358,8 @@ def test_gpu_streamed_quads_with_resident_x():
     # (n_out, k_in, m's, the kernel: K, quad-table copies, units a warp, row tiles a stage)
     for n_out, k_in, ms, kernel in ((6656, 16384, (1, 2), (2, 32, 1, 2)),
                                     (17024, 8192, (8,), (2, 16, 1, 1)),
-                                    (6400, 4128, (1,), (2, 0, 1, 2))):
+                                    (6400, 4128, (1,), (2, 0, 1, 2)),
+                                    (4400, 4128, (3,), (2, 0, 1, 2))):
         w = torch.randn(n_out, k_in, device="cuda", generator=gen)
         q = kbit.quantize(w, k=2)
         del w

@@ -316,12 +316,11 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
 // arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
-// through shared memory (TileSums) and go on. At K = 2 with x resident a stage holds the
-// same groups of two row tiles, whose units a warp decodes against one load of x
-// (kAcrossMinRing). Every per-stage address is a lane's fixed
-// offset plus the slot's: the loop keeps to 32-bit arithmetic (bench/RESULTS.md, session
-// 7: a version that recomputed them issued 0.21 warp-instructions per weight, this one
-// 0.115 at K = 4).
+// through shared memory (TileSums) and go on. At K = 2 a stage may hold the same groups of
+// two row tiles, whose units a warp decodes against one load of x (kAcrossMinRing). Every
+// per-stage address is a lane's fixed offset plus the slot's: the loop keeps to 32-bit
+// arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued 0.21
+// warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
 constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md, session 16)
@@ -332,16 +331,17 @@ constexpr int kStreamSmem = 216 * 1024;
 // kPerWarp units a consumer warp (warp w takes units w, w + kStreamWarps, ...). (Two warps
 // a unit, for m = 9..16, measured slower than the register kernel: bench/RESULTS.md,
 // session 7.)
-template <int K, kbit_absmax_format FMT, int kPerWarp = 1>
+template <int K, kbit_absmax_format FMT, int kPerWarp = 1, int kTiles = 1>
 struct StreamStage {
-    static constexpr int kUnits = kStreamWarps * kPerWarp;
+    static constexpr int kUnits = kStreamWarps * kPerWarp * kTiles;  // slots of W and scales
+    static constexpr int kGroups = kStreamWarps * kPerWarp;           // of x
     static constexpr int kSB = FMT == KBIT_ABSMAX_E4M4 ? 1 : (FMT == KBIT_ABSMAX_FP16 ? 2 : 4);
     static constexpr int kUnitW = tiled::kLanes * 8 * K;                        // bytes of W
     static constexpr int kUnitS = tiled::kTileRows * tiled::kGroupChunks * kSB;  // of scales
     static constexpr int kXUnit = tiled::kGroupChunks * kChunk * 2;  // x bytes of a unit, a row
     static constexpr int kScales = kUnits * kUnitW;                  // offsets in a stage
     static constexpr int kX = kScales + kUnits * kUnitS;
-    static constexpr int kXRow = static_cast<int>(x_row_stride(kUnits * kXUnit, 16));
+    static constexpr int kXRow = static_cast<int>(x_row_stride(kGroups * kXUnit, 16));
     static __host__ __device__ constexpr int bytes(int x_rows) { return kX + x_rows * kXRow; }
 };
 
@@ -363,15 +363,18 @@ constexpr int kQuadMinRing = 3;
 // m = 8 (fewer, larger stages a CTA).
 constexpr int kPairMinGroups = 128;
 constexpr int kFirstStages = 2;  // the producer's copies before the table is filled
-// K = 2 where x is resident takes two row tiles a stage (kTiles = 2: a warp's two units are
-// one group of each, which share its x loads) where a ring of kAcrossMinRing stages is left.
-// At m = 1 the decode alone (its W copies removed) ran 37 µs on 8192x28672 against 30 for
-// the copies alone: K = 2 is bound by its decode, whose shared-memory loads return x's 16
-// bytes a lane a chunk beside the table's 32 (H100, bench/RESULTS.md session 23).
-// Measured: 28672x8192 m = 1..4 9% faster, 8192x28672 m = 1 5%, 4096x14336 and 14336x4096
-// at m = 2 1-2%; with a ring of two (28672x8192 at m = 8) 2% slower. (K = 3, 4, 5 and NF4,
-// bound by the copies, measured -3% to +3% by shape: not taken.)
-constexpr int kAcrossMinRing = 3;
+// K = 2 takes two row tiles a stage (kTiles = 2: a warp's two units are one group of each,
+// which share its x loads, and a stage carries one copy of x for both) where a CTA has two
+// row tiles or more, reads kAcrossMinStages such stages or more, and keeps x's residence
+// and a ring of kAcrossMinRing. At m = 1 the decode alone (its W copies removed) ran 37 µs
+// on 8192x28672 against 30 for the copies alone: K = 2 is bound by its decode, whose
+// shared-memory loads return x's 16 bytes a lane a chunk beside the table's 32 (H100,
+// bench/RESULTS.md session 23). Measured: 28672x8192 m = 1..4 8-9% faster, 8192x28672
+// m = 1 6% and m = 8 9% (m = 4 1-3% slower), 4096x14336 m = 1..4 1-3% and m = 8 13%; with a
+// ring of two (28672x8192 at m = 8) 2% slower, and 4096x4096 (two such stages a CTA) 3-5%
+// slower. (K = 3, 4, 5 and NF4, bound by the copies, measured -3% to +3% by shape with x
+// resident: not taken.)
+constexpr int kAcrossMinRing = 3, kAcrossMinStages = 4;
 // The bytes of the streamed tiled GEMV's table: K = 2's quad table in kQuads copies (32:
 // rows of 256 bytes, 64 KB; 16: 32 KB, where 32 copies would cost x its residence or leave
 // fewer than kQuadMinRing stages), K = 4's pair table in rows of 256 bytes (64 KB), other K
@@ -591,7 +594,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     static_assert(!kQuads || K == 2, "the quad table is K = 2's");
     static_assert(kTiles == 1 || kPerWarp == 1, "a warp's units: one tile's or kTiles'");
     using Dec = KbitStaged<T, K, FMT>;  // its pair entries
-    using St = StreamStage<K, FMT, kPerWarp * kTiles>;
+    using St = StreamStage<K, FMT, kPerWarp, kTiles>;
     constexpr int kSB = St::kSB, kUnits = kStreamWarps * kPerWarp;  // kUnits: groups a stage
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
@@ -648,10 +651,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         for (; issued < until; ++issued) {
             if (issued >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
-            if constexpr (kTiles > 1) {  // n units of each tile, x resident
+            const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
+            const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
+            if constexpr (kTiles > 1) {  // n units of each tile, one x for them
                 const int nt = group_tiles(p_group);
-                const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-                mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS));
+                mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
                 for (int u = 0; u < nt; ++u) {
                     const int64_t unit = (first + p_group * kTiles + u) * groups + p_g0;
                     bulk_copy(dst + u * kStreamWarps * St::kUnitW, packed + unit * St::kUnitW,
@@ -659,23 +663,19 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                     bulk_copy(dst + St::kScales + u * kStreamWarps * St::kUnitS,
                               absmax + unit * St::kUnitS, n * St::kUnitS, bar, w_policy);
                 }
-                p.next(ring_stages, stage_bytes);
-                if ((p_g0 += kUnits) >= groups) p_g0 = 0, ++p_group;
-                continue;
+            } else {
+                mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
+                bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
+                bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
+                          w_policy);
             }
-            const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
-            const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-            mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
-            bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
-            bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
-                      w_policy);
             for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * St::kXRow,
                           xb + (i * k_in + static_cast<int64_t>(p_g0) * 128) * 2,
                           x_elems * 2, bar, x_policy);
             p_unit += n;
             p.next(ring_stages, stage_bytes);
-            if ((p_g0 += kUnits) >= groups) p_g0 = 0;
+            if ((p_g0 += kUnits) >= groups) p_g0 = 0, ++p_group;
         }
     };
     if (producer && lane == 0) {
@@ -775,9 +775,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     using One = std::integral_constant<int, 1>;
     consume_stages<kUnits>(walk, groups, full_at, empty_at, ring_stages, stage_bytes,
                            [&](uint32_t at, int g0) {
-        if constexpr (kTiles > 1) {  // x resident
+        if constexpr (kTiles > 1) {
             static_assert(kTiles == 2, "a group's last tile alone: N = 1");
-            const uint32_t xu = x_at + g0 * St::kXUnit;
+            const uint32_t xu = rx.on() ? x_at + g0 * St::kXUnit : x_at + at;
             if (nt == kTiles) units(std::integral_constant<int, kTiles>{}, at, g0 + warp, xu);
             else units(One{}, at, g0 + warp, xu);
         } else {
@@ -1385,12 +1385,13 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     const bool pairs = K <= 3 && groups >= kPairMinGroups;
                     if (m <= kMaxM && major >= 9) {
                         const int rows = static_cast<int>(m);
-                        auto plan = [&](int table, int slots = 0, int sum_tiles = 1) {
-                            const bool two = slots ? slots == 2 : pairs;  // units a warp
+                        // (tiles: two row tiles a stage, else the units a warp of `pairs`)
+                        auto plan = [&](int table, bool tiles = false) {
                             return stream_launch(n_out, k_in, rows, rows, true, 16,
-                                                 table + sum_tiles * kTileSumsBytes,
-                                                 two ? StreamStage<K, F, 2>::bytes
-                                                     : StreamStage<K, F, 1>::bytes,
+                                                 table + (tiles ? 2 : 1) * kTileSumsBytes,
+                                                 tiles   ? StreamStage<K, F, 1, 2>::bytes
+                                                 : pairs ? StreamStage<K, F, 2>::bytes
+                                                         : StreamStage<K, F, 1>::bytes,
                                                  l, kResidentXTiled, kTiledStreamSmem);
                         };
                         err = plan(stream_table_bytes<T, K, F, 0>());
@@ -1415,17 +1416,22 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             }
                             if (quads == 0) l = pair_table;
                         }
-                        // K = 2 with x resident: two row tiles a stage where x stays
-                        // resident beside them and a ring of kAcrossMinRing
-                        if (K == 2 && l.x_stride) {
+                        // K = 2: two row tiles a stage where a CTA reads kAcrossMinStages
+                        // of them or more and where that keeps x's residence and leaves a
+                        // ring of kAcrossMinRing
+                        const int64_t cta_tiles = blocks_of(blocks_of(n_out, kTileRows), l.ctas);
+                        if (K == 2 && cta_tiles >= 2 &&
+                            blocks_of(cta_tiles, 2) * per_tile >= kAcrossMinStages) {
                             const StreamLaunch one = l;
                             err = plan(quads == 32   ? QuadTable<32>::kBytes
                                        : quads == 16 ? QuadTable<16>::kBytes
                                                      : stream_table_bytes<T, K, F, 0>(),
-                                       2, 2);
+                                       true);
                             if (err != cudaSuccess) return;
-                            if (l.x_stride && l.ring >= kAcrossMinRing) across = true;
-                            else l = one;
+                            if ((l.x_stride || !one.x_stride) && l.ring >= kAcrossMinRing)
+                                across = true;
+                            else
+                                l = one;
                         }
                     }
                     auto streamed = [&](auto q, auto per_warp, auto tiles) {
@@ -1445,7 +1451,8 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     auto per_warp = [&](auto q) {
                         using One = std::integral_constant<int, 1>;
                         using Two = std::integral_constant<int, 2>;
-                        if (across) return streamed(q, One{}, Two{});
+                        if constexpr (K == 2)
+                            if (across) return streamed(q, One{}, Two{});
                         if constexpr (K <= 3)
                             if (pairs) return streamed(q, Two{}, One{});
                         streamed(q, One{}, One{});
