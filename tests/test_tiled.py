@@ -378,6 +378,33 @@ def test_gpu_streamed_k2_kernels():
 
 
 @requires_gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gpu_streamed_two_tiles_formats(rng, fmt):
+    """K = 2's two row tiles a stage with every absmax format, fp16 and bf16 x: 4243x2208
+    (266 row tiles, two or three a CTA on 132 SMs, the last one partial, a CTA's odd last
+    tile alone; rows of 18 groups, the last of one chunk; x copied with each stage), m = 1,
+    2 and 5 with a bias, against the float64 reference. On sm_90 with 132 SMs the launched
+    kernel is checked too."""
+    import torch
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
+        torch.cuda.get_device_properties(0).multi_processor_count == 132
+    n_out, k_in = 4243, 2208
+    q, w64 = kbit_weight(rng, n_out, k_in, 2, fmt)
+    t = kbit.tile(on_cuda(q))
+    for m in (1, 2, 5):
+        dtype = "float16" if m % 2 else "bfloat16"
+        x = random_x(rng, (m, k_in), dtype)
+        bias = random_x(rng, (n_out,), dtype)
+        xc, bc = cuda_x(x, dtype), cuda_x(bias, dtype)
+        y = from_cuda(kbit.matmul(xc, t, bc), dtype)
+        check_accuracy(y, reference(x, w64, bias, dtype), dtype,
+                       f"two tiles {fmt} m={m}", magnitude(x, w64, dtype))
+        if sm90:
+            ran = streamed_gemv_kernels(lambda: kbit.matmul(xc, t, bc))
+            assert ran == [(2, 0, 1, 2)], f"{fmt} m={m}: ran {ran}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", [2, 4])
 def test_gpu_e4m4_subnormal_scales(k):
     """E4M4 scales below 2^-10 (e = 0, E4M4's subnormals), which the kernels decode by bit

@@ -387,6 +387,11 @@ constexpr int stream_table_bytes() {
     else return table_bytes<KbitStaged<T, K, FMT>>();
 }
 
+// The quad table's bytes in `copies` copies (16 or 32), chosen at run time.
+constexpr int quad_table_bytes(int copies) {
+    return copies == 32 ? QuadTable<32>::kBytes : QuadTable<16>::kBytes;
+}
+
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
@@ -479,7 +484,8 @@ struct RingSlot {
     }
 };
 
-// C fragments of NT n8 tiles of x (rows g + 8 nt) a lane holds for its warp.
+// C fragments of NT tiles a lane holds for its warp: n8 tiles of x (rows g + 8 nt), or in
+// the streamed tiled GEMV the row tiles of a stage.
 template <int NT>
 struct Sums {
     float v[NT][4] = {};
@@ -731,8 +737,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         }
     };
 
-    float acc[kTiles][4] = {};  // row tile u of the group's C fragment
-    int nt = group_tiles(0);     // row tiles of the current group
+    Sums<kTiles> acc;         // row tile u of the group: acc.v[u]
+    int nt = group_tiles(0);  // row tiles of the current group
     // Chunk v of the warp's units: N row tiles' segments w, scales sa / sb (rows g, g + 8),
     // x at xu (shared by the N units: one group of N row tiles).
     auto chunk = [&](auto tiles, int v, const uint32_t (&w)[kTiles][2 * K],
@@ -744,7 +750,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         for (int u = 0; u < N; ++u) {
             uint32_t pa[4], pb[4];
             chunk_pairs<K>(w[u], v, my_table, pa, pb);
-            chunk_mma<T>(pa, pb, xv, scale(sa[u], v), scale(sb[u], v), acc[u]);
+            chunk_mma<T>(pa, pb, xv, scale(sa[u], v), scale(sb[u], v), acc.v[u]);
         }
     };
     // (kTiles > 1) The warp's units of the stage at `at`: group `unit` of the group's first
@@ -802,7 +808,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                         chunk_pairs<K>(w, v, my_table, pa, pb);
                         const float fa = scale(sa, v), fb = scale(sb, v);
                         const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
-                        chunk_mma<T>(pa, pb, xv, fa, fb, acc[0]);
+                        chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
                     };
                     if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
@@ -819,12 +825,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #pragma unroll
         for (int u = 0; u < kTiles; ++u)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[u][i] *= scale.out;
-        sums.put(j, warp, g, t, acc, nt);
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[u][i] = 0.0f;
+            for (int i = 0; i < 4; ++i) acc.v[u][i] *= scale.out;
+        sums.put(j, warp, g, t, acc.v, nt);
+        acc = Sums<kTiles>{};
         nt = group_tiles(j + 1);
     });
 #endif
@@ -1406,8 +1409,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         if (K == 2 && blocks_of(blocks_of(n_out, kTileRows), l.ctas) * per_tile >=
                                           kQuadMinStages) {
                             for (const int copies : {32, 16}) {
-                                err = plan(copies == 32 ? QuadTable<32>::kBytes
-                                                        : QuadTable<16>::kBytes);
+                                err = plan(quad_table_bytes(copies));
                                 if (err != cudaSuccess) return;
                                 if (l.ring >= (copies == 32 ? kQuadMinRing : 2) &&
                                     (l.x_stride || !pair_table.x_stride)) {
@@ -1424,9 +1426,8 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         if (K == 2 && cta_tiles >= 2 &&
                             blocks_of(cta_tiles, 2) * per_tile >= kAcrossMinStages) {
                             const StreamLaunch one = l;
-                            err = plan(quads == 32   ? QuadTable<32>::kBytes
-                                       : quads == 16 ? QuadTable<16>::kBytes
-                                                     : stream_table_bytes<T, K, F, 0>(),
+                            err = plan(quads ? quad_table_bytes(quads)
+                                             : stream_table_bytes<T, K, F, 0>(),
                                        true);
                             if (err != cudaSuccess) return;
                             if ((l.x_stride || !one.x_stride) && l.ring >= kAcrossMinRing)
