@@ -323,7 +323,15 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
-constexpr int kStreamMaxStages = 8;  // (16 measured no faster: bench/RESULTS.md, session 16)
+// Ring stages: at most kStreamMaxStages; kStreamLeanStages where x is resident (the stages
+// W alone) for the kernels whose decode runs well ahead of their copies (kbit K >= 4 and
+// NF4 / FP4 tiled; GGUF but Q4_K). Fewer stages in flight measured faster than the eight
+// that fit before (H100, bench/RESULTS.md session 24; m = 1: 8192x28672 Q4_0 57.3
+// against 60.6 us, Q4_K 58.5 against 64.7, 28672x8192 K = 4 53.5 against 55.3;
+// 14336x4096 Q5_K 23.6 against 26.6), two slower; K = 2, 3 and Q4_K (whose decode comes
+// nearest its copies), and GGUF stages that carry x, lose 1-4% with three: they keep four.
+constexpr int kStreamMaxStages = 4;
+constexpr int kStreamLeanStages = 3;
 // dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
 constexpr int kStreamSmem = 216 * 1024;
 
@@ -972,16 +980,18 @@ inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) 
 // A streamed GEMV's launch: a CTA an SM (no more than the row tiles); x's `rows` held for
 // the whole kernel where resident_x_stride allows (and may_reside), else `slot_rows` of
 // them copied with each stage; as many ring stages of stage_bytes(x rows a slot) as fit
-// after the `table` bytes and resident x. x_read: the bytes a lane reads of x at a time
-// (x_row_stride). Run it where ring >= 2.
+// after the `table` bytes and resident x, at most `lean` where x is resident (see
+// kStreamLeanStages). x_read: the bytes a lane reads of x at a time (x_row_stride). Run
+// it where ring >= 2.
 struct StreamLaunch {
     int ctas = 0, x_stride = 0, before = 0, stage = 0, ring = 0;
     int smem() const { return before + ring * stage; }
 };
 template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
-                          int x_read, int table, StageBytes &&stage_bytes, StreamLaunch &l,
-                          int resident_limit = kResidentX, int budget = kStreamSmem) {
+                          int x_read, int table, StageBytes &&stage_bytes, int lean,
+                          StreamLaunch &l, int resident_limit = kResidentX,
+                          int budget = kStreamSmem) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
     if (err != cudaSuccess) return err;
     auto plan = [&](int limit) {
@@ -992,6 +1002,7 @@ cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, 
     };
     plan(resident_limit);
     if (resident_limit > kResidentX && l.x_stride && l.ring < kResidentMinRing) plan(kResidentX);
+    if (l.x_stride && l.ring > lean) l.ring = lean;
     return cudaSuccess;
 }
 
@@ -1396,6 +1407,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                                  tiles   ? StreamStage<K, F, 1, 2>::bytes
                                                  : pairs ? StreamStage<K, F, 2>::bytes
                                                          : StreamStage<K, F, 1>::bytes,
+                                                 K <= 3 ? kStreamMaxStages : kStreamLeanStages,
                                                  l, kResidentXTiled, kTiledStreamSmem);
                         };
                         err = plan(stream_table_bytes<T, K, F, 0>());
@@ -1607,7 +1619,7 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
     StreamLaunch l;  // x held for the whole kernel with one n8 tile only
     err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,
-                        gguf_stream::Stage<Fmt, 1>::bytes, l);
+                        gguf_stream::Stage<Fmt, 1>::bytes, gguf_stream::lean_stages<Fmt>(), l);
     if (err != cudaSuccess) return true;
     int sms = 0;  // a CTA an SM
     err = sm_count(&sms);

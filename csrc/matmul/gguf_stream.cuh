@@ -383,6 +383,13 @@ struct Stage {
     }
 };
 
+// The ring's stages at most where x is resident (gemv.cu, kStreamLeanStages): Q4_K's
+// decode comes nearest its copies and keeps four, the others measured faster with three.
+template <class Fmt>
+constexpr int lean_stages() {
+    return std::is_same_v<Fmt, gguf::Q4_K> ? kStreamMaxStages : kStreamLeanStages;
+}
+
 // Rows of x a slot holds: x's rows of the pass for one n8 tile (the lanes past them read
 // the last row), 8 NT for more (16 for two, 32 for four: rows past m read stale bytes;
 // their sums are never stored).
