@@ -2,10 +2,12 @@
 // tiled streamed kernel, whose ring, resident x and consumer barrier it shares.
 //
 // The blocks are read exactly as a GGUF file stores them (row after row of W). A
-// persistent CTA per SM owns a run of tile groups of kR 16-row tiles (kR = 1, or 4 where
-// x comes with the stages: stage_tiles); a stage is 2048 / kR elements of k of each tile
-// of a group: its 16 rows' bytes (one TMA box of a 2-d tensor map over the rows a tile,
-// two for Q8_0 at kR = 1, whose stage rows exceed a box) and, unless x is held for the
+// persistent CTA per SM owns every gridDim.x-th tile group of kR 16-row tiles (kR = 1, or
+// 4 where x comes with the stages: stage_tiles), so that the grid reads neighbouring rows
+// at a time (measured 2-7% faster than a run of neighbouring groups each: bench/RESULTS.md,
+// session 24); a stage is 2048 / kR elements of k of each tile of a group: its 16 rows'
+// bytes (one TMA box of a 2-d tensor map over the rows a tile, two for Q8_0 at kR = 1,
+// whose stage rows exceed a box) and, unless x is held for the
 // whole kernel (ResidentX), the same elements of every row of x (a bulk copy a row, once
 // for the kR tiles), issued by one producer lane into a ring of shared-memory slots. (A
 // bulk copy a row of W, 17 copies a stage, left the producer the bound: bench/RESULTS.md,
@@ -501,15 +503,15 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    // The CTA's tile groups, split evenly over the grid; a group's stages run over the
-    // units of its rows, kU a stage.
+    // The CTA's tile groups: blockIdx.x, then every gridDim.x-th after it (the grid reads
+    // neighbouring rows at a time); a group's stages run over the units of its rows, kU a
+    // stage.
     const int groups = static_cast<int>(k_in / kUnitK);  // units of a row
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int64_t tgroups = (tiles + kR - 1) / kR;
-    const int64_t tg_first = blockIdx.x * tgroups / gridDim.x,
-                  tg_last = (blockIdx.x + 1) * tgroups / gridDim.x;
+    const int64_t tile_step = int64_t{gridDim.x} * kR;  // from one of the CTA's groups to the next
     const int stages_per_group = (groups + kU - 1) / kU;
-    const int64_t stages = (tg_last - tg_first) * stages_per_group;
+    const int64_t stages = (tgroups - blockIdx.x + gridDim.x - 1) / gridDim.x * stages_per_group;
     const int x_rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const ResidentX rx{NT == 1 && kR == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
@@ -520,8 +522,8 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     __syncthreads();
 
     // The producer (one lane): stage q is units [g0, g0 + n) of the live tiles of group
-    // tg_first + q / stages_per_group, in slot q % ring_stages: W's boxes (zeros past the
-    // rows and their ends) and x.
+    // blockIdx.x + (q / stages_per_group) gridDim.x, in slot q % ring_stages: W's boxes
+    // (zeros past the rows and their ends) and x.
     if (warp == kStreamWarps) {
         if (lane != 0) return;
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
@@ -529,7 +531,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
         rx.load(x_full_at, xb, k_in, x_policy);
         RingSlot p;
         int g0 = 0;
-        int64_t tile0 = tg_first * kR;
+        int64_t tile0 = int64_t{blockIdx.x} * kR;
         for (int64_t q = 0; q < stages; ++q) {
             if (q >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - g0 < kU ? groups - g0 : kU;
@@ -548,7 +550,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                           xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
                           x_policy);
             p.next(ring_stages, stage_bytes);
-            if ((g0 += kU) >= groups) g0 = 0, tile0 += kR;
+            if ((g0 += kU) >= groups) g0 = 0, tile0 += tile_step;
         }
         return;
     }
@@ -577,7 +579,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     Sums<NT> acc;
     RingSlot c;
     int g0 = 0;
-    int64_t tile0 = tg_first * kR;
+    int64_t tile0 = int64_t{blockIdx.x} * kR;
     for (int64_t q = 0; q < stages; ++q) {
         const uint32_t at = c.at + mbar_wait(full_at + 8 * c.slot, c.phase);
         const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
@@ -592,7 +594,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
         if ((g0 += kU) < groups) continue;
         g0 = 0;
         store_stream_group<T, NT, kR>(acc, tile0, live, m, n_out, bias, y);
-        tile0 += kR;
+        tile0 += tile_step;
     }
 #endif
 }
