@@ -144,10 +144,13 @@ def test_gguf_gemm(rng, qtype):
     _gguf_matmul(rng, qtype, 131, 2048, 70)
 
 
-def test_gguf_streamed_groups_gemv(rng):
-    """Four-tile stages with one n8 tile of x (7700 x 5120 at m = 8: x too large to hold
-    for the whole kernel, 121 groups, the last of two tiles)."""
-    _gguf_matmul(rng, "Q4_K", 7700, 5120, 8)
+@pytest.mark.parametrize("n_out", [7700, 8900])
+def test_gguf_streamed_groups_gemv(rng, n_out):
+    """Four-tile stages with one n8 tile of x (n_out x 5120 at m = 8: x too large to hold
+    for the whole kernel): 7700 rows, 121 groups, the last of two tiles; 8900 rows, 140
+    groups dealt round-robin over the SMs (on 132 SMs the first eight CTAs take a second
+    group), the last of one tile."""
+    _gguf_matmul(rng, "Q4_K", n_out, 5120, 8)
 
 
 @pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])
