@@ -1,22 +1,22 @@
 // GGUF streamed GEMV (m <= 16 rows of x, sm_90): included by gemv.cu after the
 // tiled streamed kernel, whose ring, resident x and consumer barrier it shares.
 //
-// The blocks are read exactly as a GGUF file stores them (row after row of W). A
-// persistent CTA per SM owns every gridDim.x-th tile group of kR 16-row tiles (kR = 1, or
-// 4 where x comes with the stages: stage_tiles), so that the grid reads neighbouring rows
-// at a time (measured 2-7% faster than a run of neighbouring groups each: bench/RESULTS.md,
-// session 24); a stage is 2048 / kR elements of k of each tile of a group: its 16 rows'
-// bytes (one TMA box of a 2-d tensor map over the rows a tile, two for Q8_0 at kR = 1,
-// whose stage rows exceed a box) and, unless x is held for the
-// whole kernel (ResidentX), the same elements of every row of x (a bulk copy a row, once
-// for the kR tiles), issued by one producer lane into a ring of shared-memory slots. (A
-// bulk copy a row of W, 17 copies a stage, left the producer the bound: bench/RESULTS.md,
-// session 10.) Each of the 16 consumer warps takes a unit of 128 elements (four 32-element
-// chunks) of all 16 rows of one tile: lane (g, t) decodes elements 4t..4t+3 and
-// 16+4t..16+4t+3 of each chunk of rows g and g+8 into pairs of T and the warp multiplies
-// them with two mma.sync m16n8k16 a chunk and n8 tile of x (the pairs sit in the A
-// fragment's k order up to a fixed permutation, under which x's pairs are its natural
-// words: no reordering of x); a tile's warps' sums meet after the group's last stage.
+// The blocks are read exactly as a GGUF file stores them (row after row of W). A persistent
+// CTA per SM owns every gridDim.x-th tile group of kR 16-row tiles (kR = 1, or 4 where x
+// comes with the stages: stage_tiles), so that the grid reads neighbouring rows at a time
+// (measured 2-7% faster than a run of neighbouring groups each: bench/RESULTS.md, session
+// 24); a stage is 2048 / kR elements of k of each tile of a group: its 16 rows' bytes (one
+// TMA box of a 2-d tensor map over the rows a tile, two for Q8_0 at kR = 1, whose stage
+// rows exceed a box) and, unless x is held for the whole kernel (ResidentX), the same
+// elements of every row of x (a bulk copy a row, once for the kR tiles), issued by one
+// producer lane into a ring of shared-memory slots. (A bulk copy a row of W, 17 copies a
+// stage, left the producer the bound: bench/RESULTS.md, session 10.) Each of the 16
+// consumer warps takes a unit of 128 elements (four 32-element chunks) of all 16 rows of
+// one tile: lane (g, t) decodes elements 4t..4t+3 and 16+4t..16+4t+3 of each chunk of rows
+// g and g+8 into pairs of T and the warp multiplies them with two mma.sync m16n8k16 a chunk
+// and n8 tile of x (the pairs sit in the A fragment's k order up to a fixed permutation,
+// under which x's pairs are its natural words: no reordering of x); a tile's warps' sums
+// meet after the group's last stage.
 //
 // Integers to T: a code byte c (c < 128 for bf16) placed under the exponent byte of
 // `base` (1024 for fp16, 128 for bf16) is the exact value base + c, one byte permute a
