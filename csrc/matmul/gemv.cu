@@ -416,7 +416,8 @@ __device__ __forceinline__ void consumers_sync() {
 // The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
 // stages beside them and a CTA has kResidentTilesLarge row tiles or more (H100, session 16:
 // 28672x8192, 13.6 tiles a CTA, m = 5..8 12-26% faster; session 21: a ring of 3 stages,
-// was 4, m = 7 K = 4 / 5 8% faster; at m = 1, 2 rings of 3 to 8 stages measured alike).
+// was 4, m = 7 K = 4 / 5 8% faster; at m = 1, 2 rings of 3 to 8 stages measured alike
+// there, and three or four faster than eight in session 24: kStreamMaxStages).
 constexpr int kResidentX = 72 * 1024;
 constexpr int kResidentXTiled = 136 * 1024;
 constexpr int kResidentMinRing = 3;
