@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Markdown tables from kbit_bench JSON (bench/RESULTS.md is written from these).
 
-    python3 bench/results_table.py RUN.json [--n 28] [--before OLD.json]
+    python3 bench/results_table.py RUN.json[.gz] [--n 28] [--before OLD.json[.gz]]
 
 Prints the kbit table (quantize and dequantize per type, K and absmax format), the
 NF4/FP4 and GGUF table, at n = 2^N elements; with --before, a column of the older run's
 % of copy next to each of the new one's.
 """
 import argparse
+import gzip
 import json
 
 
 def load(path):
-    with open(path) as f:
+    """A run's JSON, as written or gzipped (bench/results keeps them as .json.gz)."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         data = json.load(f)
     rows = {(r["family"], r["op"], r["config"], r["n"]): r for r in data["rows"]}
     return data["device"], rows
