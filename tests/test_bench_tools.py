@@ -1,0 +1,91 @@
+"""bench/compare_matmul.py and bench/results_table.py: the tables bench/RESULTS.md is
+written from, on small runs written here (plain and gzipped JSON)."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def _row(shape, fmt, m, us, speedup, read=None):
+    n_out, k_in = map(int, shape.split("x"))
+    r = {"n_out": n_out, "k_in": k_in, "shape": shape, "format": fmt, "m": m,
+         "kbit": {"median_us": us}, "speedup_cublas": speedup}
+    if read is not None:
+        r["read"] = {"median_us": read}
+    return r
+
+
+def _write(path, rows):
+    text = json.dumps({"rows": rows})
+    if path.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def _compare(*paths):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_matmul.py"),
+                          *paths], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_compare_matmul_side_by_side(tmp_path):
+    a, b = str(tmp_path / "base-1.json"), str(tmp_path / "new-1.json.gz")
+    _write(a, [_row("4096x4096", "kbit4-tiled", 1, 10.64, 2.06, read=12.7),
+               _row("8192x28672", "q4_0", 1, 60.44, 2.89, read=60.5),
+               _row("8192x28672", "q4_0", 8, 63.0, 2.78)])
+    _write(b, [_row("8192x28672", "q4_0", 1, 55.31, 3.16),
+               _row("8192x28672", "q4_0", 8, 62.68, 2.80),
+               _row("8192x28672", "q4_k", 1, 57.0, 3.06, read=60.4)])
+    lines = _compare(a, b)
+    assert lines[0] == "shape format m | read | base-1 | new-1"
+    # sorted by shape, format, m; the read floor from the first run that has one; "-"
+    # where a run lacks the case
+    assert lines[1:] == [
+        "4096x4096 kbit4-tiled 1 | 12.7 | 10.6 (2.06x) | -",
+        "8192x28672 q4_0 1 | 60.5 | 60.4 (2.89x) | 55.3 (3.16x)",
+        "8192x28672 q4_0 8 | - | 63.0 (2.78x) | 62.7 (2.80x)",
+        "8192x28672 q4_k 1 | 60.4 | - | 57.0 (3.06x)",
+    ]
+
+
+def test_compare_matmul_failed_case_and_missing_file(tmp_path):
+    a = str(tmp_path / "run.json")
+    row = _row("4096x4096", "q8_0", 1, None, None)  # a case that failed: no time
+    _write(a, [row])
+    assert _compare(a)[1] == "4096x4096 q8_0 1 | - | -"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_matmul.py"),
+                          str(tmp_path / "absent.json")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "absent.json" in out.stderr
+
+
+def test_results_table_reads_gzipped_runs(tmp_path):
+    """results_table.py on a kbit_bench run, plain and gzipped: the same table."""
+    cfg = "kbit K=4 fp16 absmax=e4m4"
+    rows = [{"family": "kbit", "op": op, "config": cfg, "n": 1 << 20, "pct_copy": pct,
+             "time_us": us, "copy_gbps": 2970.4}
+            for op, pct, us in (("quantize", 24.7, 835.94), ("dequantize", 96.0, 214.81))]
+    rows.append({"family": "gguf", "op": "dequantize", "config": "Q4_K fp16", "n": 1 << 20,
+                 "pct_copy": 93.5, "time_us": 12.34, "copy_gbps": 2970.4})
+    data = {"device": "a GPU", "rows": rows}
+    plain, packed = str(tmp_path / "run.json"), str(tmp_path / "run.json.gz")
+    with open(plain, "w") as f:
+        json.dump(data, f)
+    with gzip.open(packed, "wt") as f:
+        json.dump(data, f)
+    tool = os.path.join(ROOT, "bench", "results_table.py")
+    outs = [subprocess.run([sys.executable, tool, p, "--n", "20"], capture_output=True,
+                           text=True, timeout=60) for p in (plain, packed)]
+    assert all(o.returncode == 0 for o in outs), [o.stderr for o in outs]
+    assert outs[0].stdout == outs[1].stdout
+    lines = outs[0].stdout.splitlines()
+    assert lines[0] == "Device: a GPU; n = 2^20."
+    assert "| fp16 | 4 | e4m4 | 835.9 | 24.7% | 214.8 | 96.0% | 2970 |" in lines
+    assert "| gguf | dequantize | Q4_K fp16 | 12.3 | 93.5% |" in lines
