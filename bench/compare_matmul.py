@@ -10,15 +10,14 @@ Columns are named by the files, in the order given, so that libraries alternated
 device run read left to right as they ran.
 """
 import argparse
-import gzip
-import json
 import os
+
+from results_table import read_run  # (bench/ is this script's folder)
 
 
 def load(path):
     """{(shape, format, m): (kbit µs, speedup over cuBLAS fp16, read µs)} of one run."""
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        rows = json.load(f)["rows"]
+    rows = read_run(path)["rows"]
     out = {}
     for r in rows:
         shape = r.get("shape") or f"{r['n_out']}x{r['k_in']}"

@@ -12,10 +12,14 @@ import gzip
 import json
 
 
-def load(path):
-    """A run's JSON, as written or gzipped (bench/results keeps them as .json.gz)."""
+def read_run(path):
+    """A benchmark run's JSON, as written or gzipped (bench/results keeps them as .json.gz)."""
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        data = json.load(f)
+        return json.load(f)
+
+
+def load(path):
+    data = read_run(path)
     rows = {(r["family"], r["op"], r["config"], r["n"]): r for r in data["rows"]}
     return data["device"], rows
 

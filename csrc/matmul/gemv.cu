@@ -332,6 +332,11 @@ constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer war
 // nearest its copies), and GGUF stages that carry x, lose 1-4% with three: they keep four.
 constexpr int kStreamMaxStages = 4;
 constexpr int kStreamLeanStages = 3;
+// The ring's stages at most where x is resident, for a kernel family whose decode runs
+// well ahead of its copies (decode_ahead) or not.
+constexpr int resident_ring_stages(bool decode_ahead) {
+    return decode_ahead ? kStreamLeanStages : kStreamMaxStages;
+}
 // dynamic shared memory: pair table + ring (with the static arrays, within 227 KB)
 constexpr int kStreamSmem = 216 * 1024;
 
@@ -981,16 +986,16 @@ inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) 
 // A streamed GEMV's launch: a CTA an SM (no more than the row tiles); x's `rows` held for
 // the whole kernel where resident_x_stride allows (and may_reside), else `slot_rows` of
 // them copied with each stage; as many ring stages of stage_bytes(x rows a slot) as fit
-// after the `table` bytes and resident x, at most `lean` where x is resident (see
-// kStreamLeanStages). x_read: the bytes a lane reads of x at a time (x_row_stride). Run
-// it where ring >= 2.
+// after the `table` bytes and resident x, at most `resident_most` where x is resident
+// (resident_ring_stages). x_read: the bytes a lane reads of x at a time (x_row_stride).
+// Run it where ring >= 2.
 struct StreamLaunch {
     int ctas = 0, x_stride = 0, before = 0, stage = 0, ring = 0;
     int smem() const { return before + ring * stage; }
 };
 template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
-                          int x_read, int table, StageBytes &&stage_bytes, int lean,
+                          int x_read, int table, StageBytes &&stage_bytes, int resident_most,
                           StreamLaunch &l, int resident_limit = kResidentX,
                           int budget = kStreamSmem) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
@@ -1003,7 +1008,7 @@ cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, 
     };
     plan(resident_limit);
     if (resident_limit > kResidentX && l.x_stride && l.ring < kResidentMinRing) plan(kResidentX);
-    if (l.x_stride && l.ring > lean) l.ring = lean;
+    if (l.x_stride && l.ring > resident_most) l.ring = resident_most;
     return cudaSuccess;
 }
 
@@ -1408,7 +1413,7 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                                  tiles   ? StreamStage<K, F, 1, 2>::bytes
                                                  : pairs ? StreamStage<K, F, 2>::bytes
                                                          : StreamStage<K, F, 1>::bytes,
-                                                 K <= 3 ? kStreamMaxStages : kStreamLeanStages,
+                                                 resident_ring_stages(K >= 4),
                                                  l, kResidentXTiled, kTiledStreamSmem);
                         };
                         err = plan(stream_table_bytes<T, K, F, 0>());
@@ -1620,7 +1625,8 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
     StreamLaunch l;  // x held for the whole kernel with one n8 tile only
     err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,
-                        gguf_stream::Stage<Fmt, 1>::bytes, gguf_stream::lean_stages<Fmt>(), l);
+                        gguf_stream::Stage<Fmt, 1>::bytes,
+                        resident_ring_stages(gguf_stream::decode_ahead<Fmt>()), l);
     if (err != cudaSuccess) return true;
     int sms = 0;  // a CTA an SM
     err = sm_count(&sms);

@@ -385,11 +385,12 @@ struct Stage {
     }
 };
 
-// The ring's stages at most where x is resident (gemv.cu, kStreamLeanStages): Q4_K's
-// decode comes nearest its copies and keeps four, the others measured faster with three.
+// Whether a format's decode runs well ahead of its copies, for the ring's depth where x is
+// resident (gemv.cu, resident_ring_stages): all but Q4_K's, which comes nearest its copies
+// and measured faster with four stages, the others with three (bench/RESULTS.md, session 24).
 template <class Fmt>
-constexpr int lean_stages() {
-    return std::is_same_v<Fmt, gguf::Q4_K> ? kStreamMaxStages : kStreamLeanStages;
+constexpr bool decode_ahead() {
+    return !std::is_same_v<Fmt, gguf::Q4_K>;
 }
 
 // Rows of x a slot holds: x's rows of the pass for one n8 tile (the lanes past them read
