@@ -304,14 +304,14 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
     store_tile<T>(acc, r0, m0, m, n_out, bias, y);
 }
 
-// Tiled kbit (formats/kbit_tiled.h), streamed: a persistent CTA per SM owns a run of
-// row tiles, whose (tile, group) units lie back to back in memory, and streams them
+// Tiled kbit (formats/kbit_tiled.h), streamed: a persistent CTA per SM owns row tiles
+// (StreamWalk), whose (tile, group) units lie back to back in memory, and streams them
 // through a ring of shared-memory stages with the bulk copy engine. One producer lane
 // issues each stage as a few cp.async.bulk copies (the stage's units of W, their scales
 // and the x elements they meet) completing on the stage's "full" mbarrier; the 16
 // consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
 // The bytes in flight are the ring's (tens of KB an SM), not the registers', and a CTA
-// reads one contiguous range of W from its first tile to its last. Lane (g, t) reads its
+// reads each of its row tiles (or pairs) as one contiguous range of W. Lane (g, t) reads its
 // segment and rows g and g+8's scales from the stage, takes each pair index as a
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
@@ -469,22 +469,41 @@ __device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, i
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-// A streamed CTA's share of the work: its run of row tiles from `first` (the tiles split
-// evenly over the grid), their `stages` stages, and the rows of x (all of them: one pass,
-// m <= pass_rows, as the launchers ask).
+// A streamed CTA's share of the work: `count` row tiles, the CTA's i-th at first + i step,
+// taken in groups of kTiles; their `stages` stages; and the rows of x (all of them: one
+// pass, m <= pass_rows, as the launchers ask). Single tiles are dealt round-robin (CTA b
+// takes b, b + grid, ...: the grid reads neighbouring tiles at a time), 1-6% faster
+// than a run of consecutive tiles a CTA at K = 3..5 and NF4, m = 1..4 on the large
+// weights, within 1% at m = 8 (H100, bench/RESULTS.md session 25). Groups of two tiles
+// (K = 2) keep a run a CTA: dealt round-robin as pairs, the fullest CTA took a tile more
+// (448 pairs over 132 CTAs), and a CTA pairing its own round-robin tiles ran 0.5-1.5%
+// slower at m = 2..8.
 struct StreamWalk {
-    int64_t first, stages, tiles;  // tiles: the run's
+    int64_t first, step, count, stages;
     int x_rows;
+    __device__ __forceinline__ int64_t tile(int64_t i) const { return first + i * step; }
+    // row tiles of the CTA's j-th group of kTiles
+    template <int kTiles>
+    __device__ __forceinline__ int group_tiles(int64_t j) const {
+        if constexpr (kTiles == 1) return 1;
+        else return static_cast<int>(min(static_cast<int64_t>(kTiles), count - j * kTiles));
+    }
 };
-// (stages: those of the run's groups of kTiles row tiles, stages_per_tile each)
+// (stages: those of the CTA's groups of kTiles row tiles, stages_per_tile each)
 template <int kTiles = 1>
 __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_tile, int64_t m,
                                                   int pass_rows) {
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
-    const int64_t first = blockIdx.x * tiles / gridDim.x,
-                  last = (blockIdx.x + 1) * tiles / gridDim.x;
-    return {first, (last - first + kTiles - 1) / kTiles * stages_per_tile, last - first,
-            static_cast<int>(m < pass_rows ? m : pass_rows)};
+    const int x_rows = static_cast<int>(m < pass_rows ? m : pass_rows);
+    if constexpr (kTiles == 1) {
+        const int64_t count = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+        return {blockIdx.x, gridDim.x, count, count * stages_per_tile, x_rows};
+    } else {
+        const int64_t first = blockIdx.x * tiles / gridDim.x,
+                      last = (blockIdx.x + 1) * tiles / gridDim.x;
+        return {first, 1, last - first, (last - first + kTiles - 1) / kTiles * stages_per_tile,
+                x_rows};
+    }
 }
 
 // A position in the ring: the slot, its barriers' phase and its byte offset, advanced a
@@ -529,7 +548,7 @@ template <int kTiles = 1>
 struct TileSums {
     uint32_t at, full, empty;  // the buffer's shared address and barriers
     // A consumer lane's fragments (rows g, g + 8; columns 2t, 2t + 1) of the j-th group of
-    // kTiles row tiles of its CTA's run (n of them), once the reducer has read group j - 1's.
+    // kTiles row tiles of its CTA (n of them), once the reducer has read group j - 1's.
     __device__ __forceinline__ void put(int64_t j, int warp, int g, int t,
                                         const float (&v)[kTiles][4], int n) const {
         if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
@@ -630,13 +649,9 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const int groups = (chunks + tiled::kGroupChunks - 1) / tiled::kGroupChunks;
     const int stages_per_tile = (groups + kUnits - 1) / kUnits;
     const StreamWalk walk = stream_walk<kTiles>(n_out, stages_per_tile, m, kMaxM);
-    const int64_t first = walk.first, stages = walk.stages;
+    const int64_t stages = walk.stages;
     const int x_rows = walk.x_rows;
-    // row tiles of the run's j-th group of kTiles
-    const auto group_tiles = [&](int64_t j) {
-        if constexpr (kTiles == 1) return 1;
-        else return static_cast<int>(min(static_cast<int64_t>(kTiles), walk.tiles - j * kTiles));
-    };
+    const auto group_tiles = [&](int64_t j) { return walk.group_tiles<kTiles>(j); };
     // dynamic shared memory: the table, the tile sums' buffer, x (if resident), the ring
     const TileSums<kTiles> sums{smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>(),
                                 smem_address(&sums_full), smem_address(&sums_empty)};
@@ -654,8 +669,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     }
     __syncthreads();
 
-    // The producer (one lane): stage q is groups [g0, g0 + n) of tile first + q /
-    // stages_per_tile, g0 = kUnits (q % stages_per_tile), in slot q % ring_stages; it
+    // The producer (one lane): stage q is groups [g0, g0 + n) of the tiles of the CTA's
+    // group q / stages_per_tile, g0 = kUnits (q % stages_per_tile), in slot q % ring_stages; it
     // waits for the slot's release from its last round before reusing it. The first
     // kFirstStages stages go out before the pair table is filled, the rest after (the whole
     // first round there kept the fill's barrier waiting for this lane: bench/RESULTS.md,
@@ -665,35 +680,26 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const auto *xb = reinterpret_cast<const uint8_t *>(x);
     RingSlot p;
     int p_g0 = 0;
-    int64_t p_unit = first * groups, issued = 0;  // p_unit: stage `issued`'s first unit
-    int64_t p_group = 0;  // (kTiles > 1) the group of row tiles of stage `issued`
+    int64_t issued = 0, p_group = 0;  // p_group: the CTA's group of row tiles of stage `issued`
     auto produce = [&](int64_t until) {
         for (; issued < until; ++issued) {
             if (issued >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
             const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-            if constexpr (kTiles > 1) {  // n units of each tile, one x for them
-                const int nt = group_tiles(p_group);
-                mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
-                for (int u = 0; u < nt; ++u) {
-                    const int64_t unit = (first + p_group * kTiles + u) * groups + p_g0;
-                    bulk_copy(dst + u * kStreamWarps * St::kUnitW, packed + unit * St::kUnitW,
-                              n * St::kUnitW, bar, w_policy);
-                    bulk_copy(dst + St::kScales + u * kStreamWarps * St::kUnitS,
-                              absmax + unit * St::kUnitS, n * St::kUnitS, bar, w_policy);
-                }
-            } else {
-                mbar_expect(bar, n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
-                bulk_copy(dst, packed + p_unit * St::kUnitW, n * St::kUnitW, bar, w_policy);
-                bulk_copy(dst + St::kScales, absmax + p_unit * St::kUnitS, n * St::kUnitS, bar,
-                          w_policy);
+            const int nt = group_tiles(p_group);  // n units of each tile, one x for them
+            mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
+            for (int u = 0; u < nt; ++u) {
+                const int64_t unit = walk.tile(p_group * kTiles + u) * groups + p_g0;
+                bulk_copy(dst + u * kStreamWarps * St::kUnitW, packed + unit * St::kUnitW,
+                          n * St::kUnitW, bar, w_policy);
+                bulk_copy(dst + St::kScales + u * kStreamWarps * St::kUnitS,
+                          absmax + unit * St::kUnitS, n * St::kUnitS, bar, w_policy);
             }
             for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * St::kXRow,
                           xb + (i * k_in + static_cast<int64_t>(p_g0) * 128) * 2,
                           x_elems * 2, bar, x_policy);
-            p_unit += n;
             p.next(ring_stages, stage_bytes);
             if ((p_g0 += kUnits) >= groups) p_g0 = 0, ++p_group;
         }
@@ -714,7 +720,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     }
     if (warp == kStreamWarps + 1) {  // the reducer: each row tile's sums to y
         for (int64_t j = 0; j < stages / stages_per_tile; ++j)
-            sums.template reduce<T>(j, (first + j * kTiles) * kTileRows, group_tiles(j), m,
+            sums.template reduce<T>(j, walk.tile(j * kTiles) * kTileRows, group_tiles(j), m,
                                     n_out, bias, y);
         return;
     }
