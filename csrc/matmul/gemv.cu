@@ -448,7 +448,11 @@ struct ResidentX {
     __device__ __forceinline__ uint32_t ring_at() const {
         return base + (on() ? resident_x_bytes(rows, stride) : 0);
     }
-    // The producer lane: every row of x (xb, k_in elements each), once, on `bar`.
+    // The producer lane (the GGUF stream): every row of x (xb, k_in elements each), once,
+    // on `bar`. (A piece with each of its first group's stages, as the tiled GEMV's below,
+    // measured no faster there at m = 1 and 1.5-3% slower at m = 8 on the long weights,
+    // where x comes with the stages: more work on its producer's path; bench/RESULTS.md,
+    // session 25.)
     __device__ __forceinline__ void load(uint32_t bar, const uint8_t *xb, int64_t k_in,
                                          uint64_t policy) const {
         if (!on()) return;
@@ -456,15 +460,43 @@ struct ResidentX {
         for (int i = 0; i < rows; ++i)
             bulk_copy(row_at(i), xb + i * k_in * 2, static_cast<uint32_t>(k_in * 2), bar, policy);
     }
+    // Where x's `rows` (xb, k_in elements each) go for a stage: the ring slot's copy (at
+    // `slot`, rows `slot_stride` apart) or, resident, their own place. A resident x comes
+    // a piece at a time with the CTA's first row tile's (or group's) stages, each stage
+    // carrying the k elements its units meet, so the consumers wait for no more than the
+    // stage they decode (one copy of all of x before the first stage held them for up to
+    // 115 KB: bench/RESULTS.md, session 25). x_piece: those elements, or 0 for none.
+    __device__ __forceinline__ int x_piece(bool first_tile, int elems) const {
+        return !on() || first_tile ? elems : 0;
+    }
+    // The producer lane: elements [k0, k0 + elems) of every row, on `bar` (whose expected
+    // bytes the caller counts: rows * elems * 2).
+    __device__ __forceinline__ void copy(uint32_t bar, const uint8_t *xb, int64_t k_in, int k0,
+                                         int elems, uint32_t slot, int slot_stride,
+                                         uint64_t policy) const {
+        for (int i = 0; i < rows && elems > 0; ++i)
+            bulk_copy(on() ? row_at(i) + k0 * 2 : slot + i * slot_stride,
+                      xb + (i * k_in + static_cast<int64_t>(k0)) * 2,
+                      static_cast<uint32_t>(elems * 2), bar, policy);
+    }
 };
 
-// The ring's barriers (one thread): a full and an empty one a slot, and x's.
-__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages,
-                                          uint32_t x_full_at) {
+// The ring's barriers (one thread): a full and an empty one a slot, and x's where a
+// resident x comes in one copy (the GGUF stream: ResidentX::load); then the fence that
+// publishes them.
+__device__ __forceinline__ void ring_barriers(uint32_t full_at, uint32_t empty_at, int stages) {
     for (int s = 0; s < stages; ++s) {
         mbar_init(full_at + 8 * s, 1);
         mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
     }
+}
+__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages) {
+    ring_barriers(full_at, empty_at, stages);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages,
+                                          uint32_t x_full_at) {
+    ring_barriers(full_at, empty_at, stages);
     mbar_init(x_full_at, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
@@ -638,8 +670,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     constexpr int kUnitChunks = tiled::kGroupChunks;
     extern __shared__ uint4 smem[];
     uint32_t *table = reinterpret_cast<uint32_t *>(smem);
-    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full,
-        sums_full, sums_empty;
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], sums_full,
+        sums_empty;
     constexpr int copies = table_copies<Dec::kEntries>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -660,12 +692,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const uint32_t ring_at = rx.ring_at();
     // (opaque: kept in registers, where the loop recomputed each from the CTA's cluster id)
     const uint32_t full_at = opaque(smem_address(full)), empty_at = opaque(smem_address(empty));
-    const uint32_t x_full_at = smem_address(&x_full);
     const BookEntry book_at_start = book_entry<Dec>(codebook, K);  // before the copies below
     if (threadIdx.x == 0) {
         mbar_init(sums.full, kStreamWarps * 32);  // every consumer lane
         mbar_init(sums.empty, 32);                // the reducer's lanes
-        ring_init(full_at, empty_at, ring_stages, x_full_at);  // (its fence covers them)
+        ring_init(full_at, empty_at, ring_stages);  // (its fence covers them)
     }
     __syncthreads();
 
@@ -685,7 +716,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         for (; issued < until; ++issued) {
             if (issued >= ring_stages) mbar_wait(empty_at + 8 * p.slot, p.phase ^ 1u);
             const int n = groups - p_g0 < kUnits ? groups - p_g0 : kUnits;
-            const int x_elems = rx.on() ? 0 : min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128;
+            const int x_elems = rx.x_piece(issued < stages_per_tile,
+                                           min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128);
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
             const int nt = group_tiles(p_group);  // n units of each tile, one x for them
             mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
@@ -696,18 +728,12 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                 bulk_copy(dst + St::kScales + u * kStreamWarps * St::kUnitS,
                           absmax + unit * St::kUnitS, n * St::kUnitS, bar, w_policy);
             }
-            for (int i = 0; i < x_rows && !rx.on(); ++i)
-                bulk_copy(dst + St::kX + i * St::kXRow,
-                          xb + (i * k_in + static_cast<int64_t>(p_g0) * 128) * 2,
-                          x_elems * 2, bar, x_policy);
+            rx.copy(bar, xb, k_in, p_g0 * 128, x_elems, dst + St::kX, St::kXRow, x_policy);
             p.next(ring_stages, stage_bytes);
             if ((p_g0 += kUnits) >= groups) p_g0 = 0, ++p_group;
         }
     };
-    if (producer && lane == 0) {
-        rx.load(x_full_at, xb, k_in, x_policy);
-        produce(stages < kFirstStages ? stages : kFirstStages);
-    }
+    if (producer && lane == 0) produce(stages < kFirstStages ? stages : kFirstStages);
 
     float book;
     if constexpr (kQuads > 0) book = fill_quad_table<Dec, kQuads>(table, book_at_start);
@@ -735,12 +761,10 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const uint32_t sc_at =
         opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
     // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
-    // past x's rows read its last row (their sums are never stored); resident rows are read
-    // after their barrier, whose zero the address carries (see mbar_wait)
+    // past x's rows read its last row (their sums are never stored)
     const int xg = min(g, x_rows - 1);
-    const uint32_t x_ready = rx.on() ? mbar_wait(x_full_at, 0) : 0;
     const uint32_t x_at = opaque((rx.on() ? rx.row_at(xg) : ring_at + St::kX + xg * St::kXRow) +
-                                 warp * St::kXUnit + t * 16 + x_ready);
+                                 warp * St::kXUnit + t * 16);
     // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
