@@ -22,10 +22,11 @@
 //   from the bit planes by a 4x4 transpose of 2-bit fields (two delta swaps); for
 //   NF4/FP4 it is the packed byte.
 // - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): no transposes
-//   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading its
-//   run of row tiles as one contiguous range through a ring of shared-memory stages that
-//   the bulk copy engine fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane
-//   loads its own pair indices into registers one group ahead (gemv_tiled_regs_kernel).
+//   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading
+//   every grid-th row tile (K = 2's two-tile kernels: a run of pairs), each one
+//   contiguous range, through a ring of shared-memory stages that the bulk copy engine
+//   fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane loads its own pair
+//   indices into registers one group ahead (gemv_tiled_regs_kernel).
 // - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16 below gguf90_min_m): the tiled
 //   streamed kernel's ring over the file's blocks (a TMA box of 16 rows a stage and row
 //   tile, one or four tiles a stage), integer codes turned into exact fp16/bf16 pairs by
@@ -415,7 +416,10 @@ __device__ __forceinline__ void consumers_sync() {
 // and a CTA has kResidentTiles row tiles or more to reuse them (8192x28672: 3.9 a CTA on
 // 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
-// to 10% slower at m = 4..8 (x must arrive before the first stage is read). Rows at
+// to 10% slower at m = 4..8 (x then arrived before the first stage was read; the tiled
+// GEMV's x now comes a piece with each of its first tile's stages, and the rule measured
+// still best there: session 25, 4096x4096 K = 5 m = 8 5% faster resident, 8192x28672
+// K = 2 m = 2 3% slower, the rest within 1%). Rows at
 // `stride` bytes (x_row_stride of k_in * 2 for the kernel's x reads of `read` bytes) from
 // the start of the dynamic shared memory after the pair table, the ring after them.
 // The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
@@ -431,8 +435,9 @@ constexpr int kResidentTilesLarge = 8;
 inline int resident_x_stride(int x_rows, int64_t k_in, int64_t n_out, int ctas, int read,
                              int limit = kResidentX) {
     const int64_t stride = x_row_stride(k_in * 2, read), tiles = blocks_of(n_out, kTileRows);
-    // past kResidentX only where a CTA reads x kResidentTilesLarge times or more: x must
-    // arrive before the first stage (8192x28672, 3.9 tiles a CTA, m = 2: 115 KB, 1-3% slower)
+    // past kResidentX only where a CTA reads x kResidentTilesLarge times or more
+    // (8192x28672, 3.9 tiles a CTA, m = 2: 115 KB, 1-3% slower resident in session 16,
+    // where x arrived before the first stage; 3% at K = 2 in session 25, in pieces)
     const int reuse = x_rows * stride > kResidentX ? kResidentTilesLarge : kResidentTiles;
     const bool reused = tiles >= static_cast<int64_t>(reuse) * ctas;
     return reused && x_rows * stride <= limit ? static_cast<int>(stride) : 0;
@@ -450,7 +455,7 @@ struct ResidentX {
     }
     // The producer lane (the GGUF stream): every row of x (xb, k_in elements each), once,
     // on `bar`. (A piece with each of its first group's stages, as the tiled GEMV's below,
-    // measured no faster there at m = 1 and 1.5-3% slower at m = 8 on the long weights,
+    // measured no faster there at m = 1 and 1.5-3.5% slower at m = 8 on the long weights,
     // where x comes with the stages: more work on its producer's path; bench/RESULTS.md,
     // session 25.)
     __device__ __forceinline__ void load(uint32_t bar, const uint8_t *xb, int64_t k_in,
@@ -467,7 +472,7 @@ struct ResidentX {
     // stage they decode (one copy of all of x before the first stage held them for up to
     // 115 KB: bench/RESULTS.md, session 25). x_piece: those elements, or 0 for none.
     __device__ __forceinline__ int x_piece(bool first_tile, int elems) const {
-        return !on() || first_tile ? elems : 0;
+        return (!on() || first_tile) ? elems : 0;
     }
     // The producer lane: elements [k0, k0 + elems) of every row, on `bar` (whose expected
     // bytes the caller counts: rows * elems * 2).
@@ -530,7 +535,7 @@ __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_
     if constexpr (kTiles == 1) {
         const int64_t count = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
         return {blockIdx.x, gridDim.x, count, count * stages_per_tile, x_rows};
-    } else {
+    } else {  // (neighbours: TileSums::reduce stores a group's tile u at its first's + 16 u rows)
         const int64_t first = blockIdx.x * tiles / gridDim.x,
                       last = (blockIdx.x + 1) * tiles / gridDim.x;
         return {first, 1, last - first, (last - first + kTiles - 1) / kTiles * stages_per_tile,
@@ -628,9 +633,10 @@ struct TileSums {
 };
 
 // The consumer warps' walk over a CTA's stages: each stage waited for, body(at, g0) (its
-// slot's shared offset, which carries the wait's zero, and its first unit of the row of
-// `groups` units, kUnits a stage), released by every lane (each its own reads); after
-// the j-th row tile's last stage, tile_end(j).
+// slot's shared offset and its first unit of the row of `groups` units, kUnits a stage,
+// both carrying the wait's zero: a resident x is read at g0's place, and its first
+// tile's stages bring it), released by every lane (each its own reads); after the j-th
+// group of row tiles' last stage, tile_end(j).
 template <int kUnits, class Body, class TileEnd>
 __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int groups,
                                                uint32_t full_at, uint32_t empty_at,
@@ -640,7 +646,8 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
     int g0 = 0;
     int64_t j = 0;
     for (int64_t q = 0; q < walk.stages; ++q) {
-        body(c.at + mbar_wait(full_at + 8 * c.slot, c.phase), g0);
+        const uint32_t zero = mbar_wait(full_at + 8 * c.slot, c.phase);
+        body(c.at + zero, g0 + static_cast<int>(zero));
         mbar_arrive(empty_at + 8 * c.slot);
         c.next(ring_stages, stage_bytes);
         if ((g0 += kUnits) < groups) continue;
@@ -649,7 +656,7 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
     }
 }
 
-// Up to 8 rows of x (one n8 tile). kTiles > 1 (with kPerWarp 1 and x resident): a stage
+// Up to 8 rows of x (one n8 tile). kTiles > 1 (with kPerWarp 1): a stage
 // holds the same groups of kTiles consecutive row tiles, and a warp's units are one group
 // of each, which share its x loads.
 template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp, int kTiles = 1>
