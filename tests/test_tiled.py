@@ -378,6 +378,40 @@ def test_gpu_streamed_k2_kernels():
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", [3, 4])
+def test_gpu_streamed_resident_x_pieces(k):
+    """The streamed tiled GEMV's resident x, which arrives a piece with each stage of a CTA's
+    first row tile and is read again by its later tiles: 6400x16416 (400 row tiles dealt
+    round-robin, three or four a CTA on up to 133 SMs; rows of 129 groups, the last of one
+    chunk: K = 3 takes two units a warp, a last stage of one unit), m = 1 and 2 (33 and 66
+    KB of x, within what it holds), m = 5 (x copied with each stage); a bias; made on the
+    GPU, against x times the dequantized W in float32. On sm_90 (up to 132 SMs) the
+    kernel launched with x resident is checked too."""
+    import torch
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
+        torch.cuda.get_device_properties(0).multi_processor_count <= 132
+    gen = torch.Generator(device="cuda").manual_seed(17 + k)
+    n_out, k_in = 6400, 16416
+    w = torch.randn(n_out, k_in, device="cuda", generator=gen)
+    q = kbit.quantize(w, k=k)
+    del w
+    w32 = kbit.dequantize(q, dtype="float32")
+    t = kbit.tile(q)
+    bias = torch.randn(n_out, device="cuda", generator=gen).half()
+    for m in (1, 2, 5):
+        x = torch.randn(m, k_in, device="cuda", generator=gen).half()
+        y = kbit.matmul(x, t, bias).float()
+        ref = x.float() @ w32.T + bias.float()
+        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+        assert err <= TOL["float16"], f"K={k} {n_out}x{k_in} m={m}: relative error {err:.3g}"
+        if sm90 and m <= 2:
+            # (K, quad-table copies, units a warp, row tiles a stage)
+            want = (k, 0, 2 if k == 3 else 1, 1)
+            ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
+            assert ran == [want], f"K={k} m={m}: ran {ran}, want {want}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gpu_streamed_two_tiles_formats(rng, fmt):
     """K = 2's two row tiles a stage with every absmax format, fp16 and bf16 x: 4243x2208
