@@ -28,9 +28,13 @@ def _write(path, rows):
             f.write(text)
 
 
+def _run_compare(*paths):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_matmul.py"),
+                           *paths], capture_output=True, text=True, timeout=60)
+
+
 def _compare(*paths):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_matmul.py"),
-                          *paths], capture_output=True, text=True, timeout=60)
+    out = _run_compare(*paths)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
@@ -60,9 +64,7 @@ def test_compare_matmul_failed_case_and_missing_file(tmp_path):
     row = _row("4096x4096", "q8_0", 1, None, None)  # a case that failed: no time
     _write(a, [row])
     assert _compare(a)[1] == "4096x4096 q8_0 1 | - | -"
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_matmul.py"),
-                          str(tmp_path / "absent.json")], capture_output=True, text=True,
-                         timeout=60)
+    out = _run_compare(str(tmp_path / "absent.json"))
     assert out.returncode != 0 and "absent.json" in out.stderr
 
 

@@ -486,30 +486,27 @@ struct ResidentX {
     }
 };
 
-// The ring's barriers (one thread): a full and an empty one a slot, and x's where a
-// resident x comes in one copy (the GGUF stream: ResidentX::load); then the fence that
-// publishes them.
-__device__ __forceinline__ void ring_barriers(uint32_t full_at, uint32_t empty_at, int stages) {
+// The ring's barriers (one thread): a full and an empty one a slot; then the fence that
+// publishes them and any the caller initialised before (the kernel's own).
+__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages) {
     for (int s = 0; s < stages; ++s) {
         mbar_init(full_at + 8 * s, 1);
         mbar_init(empty_at + 8 * s, kStreamWarps * 32);  // every consumer lane
     }
-}
-__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages) {
-    ring_barriers(full_at, empty_at, stages);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-__device__ __forceinline__ void ring_init(uint32_t full_at, uint32_t empty_at, int stages,
-                                          uint32_t x_full_at) {
-    ring_barriers(full_at, empty_at, stages);
-    mbar_init(x_full_at, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+
+// How many of `items` (row tiles, or the GGUF stream's groups of them) a CTA takes when
+// they are dealt round-robin over the grid: CTA b takes b, b + gridDim.x, ..., so that the
+// grid reads neighbouring rows of W at a time.
+__device__ __forceinline__ int64_t round_robin_count(int64_t items) {
+    return (items - blockIdx.x + gridDim.x - 1) / gridDim.x;
 }
 
 // A streamed CTA's share of the work: `count` row tiles, the CTA's i-th at first + i step,
 // taken in groups of kTiles; their `stages` stages; and the rows of x (all of them: one
-// pass, m <= pass_rows, as the launchers ask). Single tiles are dealt round-robin (CTA b
-// takes b, b + grid, ...: the grid reads neighbouring tiles at a time), 1-6% faster
+// pass, m <= pass_rows, as the launchers ask). Single tiles are dealt round-robin
+// (round_robin_count), 1-6% faster
 // than a run of consecutive tiles a CTA at K = 3..5 and NF4, m = 1..4 on the large
 // weights, within 1% at m = 8 (H100, bench/RESULTS.md session 25). Groups of two tiles
 // (K = 2) keep a run a CTA: dealt round-robin as pairs, the fullest CTA took a tile more
@@ -533,9 +530,9 @@ __device__ __forceinline__ StreamWalk stream_walk(int64_t n_out, int stages_per_
     const int64_t tiles = (n_out + kTileRows - 1) / kTileRows;
     const int x_rows = static_cast<int>(m < pass_rows ? m : pass_rows);
     if constexpr (kTiles == 1) {
-        const int64_t count = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+        const int64_t count = round_robin_count(tiles);
         return {blockIdx.x, gridDim.x, count, count * stages_per_tile, x_rows};
-    } else {  // (neighbours: TileSums::reduce stores a group's tile u at its first's + 16 u rows)
+    } else {
         const int64_t first = blockIdx.x * tiles / gridDim.x,
                       last = (blockIdx.x + 1) * tiles / gridDim.x;
         return {first, 1, last - first, (last - first + kTiles - 1) / kTiles * stages_per_tile,
@@ -600,11 +597,12 @@ struct TileSums {
         }
         mbar_arrive(full);
     }
-    // The reducer warp: the j-th group's n row tiles (rows r0..) to y, lane l the outputs
-    // 4 l .. 4 l + 3 of each row-major 16 x 8 tile (row l / 2).
+    // The reducer warp: the j-th group's n row tiles (rows r0.., r0 + r_step.., ...) to
+    // y, lane l the outputs 4 l .. 4 l + 3 of each row-major 16 x 8 tile (row l / 2).
     template <class T>
-    __device__ __forceinline__ void reduce(int64_t j, int64_t r0, int n, int64_t m,
-                                           int64_t n_out, const typename T::storage *bias,
+    __device__ __forceinline__ void reduce(int64_t j, int64_t r0, int64_t r_step, int n,
+                                           int64_t m, int64_t n_out,
+                                           const typename T::storage *bias,
                                            typename T::storage *y) const {
         const int lane = threadIdx.x & 31;
         const uint32_t from = at + mbar_wait(full, static_cast<uint32_t>(j & 1)) + 16 * lane;
@@ -622,7 +620,7 @@ struct TileSums {
         mbar_arrive(empty);
 #pragma unroll
         for (int u = 0; u < kTiles; ++u) {
-            const int64_t r = r0 + u * kTileRows + lane / 2;
+            const int64_t r = r0 + u * r_step + lane / 2;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const int64_t i = (lane & 1) * 4 + k;
@@ -753,8 +751,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     }
     if (warp == kStreamWarps + 1) {  // the reducer: each row tile's sums to y
         for (int64_t j = 0; j < stages / stages_per_tile; ++j)
-            sums.template reduce<T>(j, walk.tile(j * kTiles) * kTileRows, group_tiles(j), m,
-                                    n_out, bias, y);
+            sums.template reduce<T>(j, walk.tile(j * kTiles) * kTileRows, walk.step * kTileRows,
+                                    group_tiles(j), m, n_out, bias, y);
         return;
     }
 

@@ -512,14 +512,17 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     const int64_t tgroups = (tiles + kR - 1) / kR;
     const int64_t tile_step = int64_t{gridDim.x} * kR;  // from one of the CTA's groups to the next
     const int stages_per_group = (groups + kU - 1) / kU;
-    const int64_t stages = (tgroups - blockIdx.x + gridDim.x - 1) / gridDim.x * stages_per_group;
+    const int64_t stages = round_robin_count(tgroups) * stages_per_group;
     const int x_rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const ResidentX rx{NT == 1 && kR == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
     const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
     const uint32_t x_full_at = smem_address(&x_full);
-    if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages, x_full_at);
+    if (threadIdx.x == 0) {
+        mbar_init(x_full_at, 1);  // (ring_init's fence covers it)
+        ring_init(full_at, empty_at, ring_stages);
+    }
     __syncthreads();
 
     // The producer (one lane): stage q is units [g0, g0 + n) of the live tiles of group
