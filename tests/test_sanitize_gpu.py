@@ -188,6 +188,13 @@ def test_streamed_two_tiles_a_stage(rng, n_out):
     _tiled_matmul(n_out, 4128, 2, (1, 3))
 
 
+def test_streamed_two_tiles_k3(rng):
+    """K = 3: two row tiles a stage where x, copied with each stage, outweighs W more than
+    twice (m = 8; 4400 rows: two or three row tiles a CTA; rows of 33 groups, the last of
+    one chunk)."""
+    _tiled_matmul(4400, 4128, 3, (8,))
+
+
 @pytest.mark.parametrize("m", [1, 8])
 def test_streamed_quad_tables(rng, m):
     """K = 2's quad table (40x53280: 27 stages a CTA) in 32 copies (m = 1) and in 16 (m = 8:

@@ -412,30 +412,34 @@ def test_gpu_streamed_resident_x_pieces(k):
 
 
 @requires_gpu
+@pytest.mark.parametrize("k", [2, 3])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_gpu_streamed_two_tiles_formats(rng, fmt):
-    """K = 2's two row tiles a stage with every absmax format, fp16 and bf16 x: 4243x2208
-    (266 row tiles, two or three a CTA on 132 SMs, the last one partial, a CTA's odd last
-    tile alone; rows of 18 groups, the last of one chunk; x copied with each stage), m = 1,
-    2 and 5 with a bias, against the float64 reference. On sm_90 with 132 SMs the launched
-    kernel is checked too."""
+def test_gpu_streamed_two_tiles_formats(rng, fmt, k):
+    """Two row tiles a stage with every absmax format, fp16 and bf16 x: 4243x2208 (266 row
+    tiles, two or three a CTA on 132 SMs, the last one partial, a CTA's odd last tile
+    alone; rows of 18 groups, the last of one chunk; x copied with each stage), with a
+    bias, against the float64 reference: K = 2 at m = 1, 2 and 5; K = 3 at m = 7 and 8,
+    where a stage's x outweighs its W more than twice, and at m = 4, where it does not
+    (one row tile a stage). On sm_90 with 132 SMs the launched kernel is checked too."""
     import torch
     sm90 = torch.cuda.get_device_capability() == (9, 0) and \
         torch.cuda.get_device_properties(0).multi_processor_count == 132
     n_out, k_in = 4243, 2208
-    q, w64 = kbit_weight(rng, n_out, k_in, 2, fmt)
+    q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
     t = kbit.tile(on_cuda(q))
-    for m in (1, 2, 5):
+    for m in (1, 2, 5) if k == 2 else (4, 7, 8):
         dtype = "float16" if m % 2 else "bfloat16"
         x = random_x(rng, (m, k_in), dtype)
         bias = random_x(rng, (n_out,), dtype)
         xc, bc = cuda_x(x, dtype), cuda_x(bias, dtype)
         y = from_cuda(kbit.matmul(xc, t, bc), dtype)
         check_accuracy(y, reference(x, w64, bias, dtype), dtype,
-                       f"two tiles {fmt} m={m}", magnitude(x, w64, dtype))
+                       f"two tiles K={k} {fmt} m={m}", magnitude(x, w64, dtype))
         if sm90:
+            # (K, quad-table copies, units a warp, row tiles a stage)
+            want = (k, 0, 1, 1 if k == 3 and m == 4 else 2)
             ran = streamed_gemv_kernels(lambda: kbit.matmul(xc, t, bc))
-            assert ran == [(2, 0, 1, 2)], f"{fmt} m={m}: ran {ran}"
+            assert ran == [want], f"K={k} {fmt} m={m}: ran {ran}, want {want}"
 
 
 @requires_gpu

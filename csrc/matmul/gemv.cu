@@ -317,9 +317,10 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
 // arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
-// through shared memory (TileSums) and go on. At K = 2 a stage may hold the same groups of
-// two row tiles, whose units a warp decodes against one load of x (kAcrossMinRing). Every
-// per-stage address is a lane's fixed offset plus the slot's: the loop keeps to 32-bit
+// through shared memory (TileSums) and go on. At K = 2 (K = 3 where x, copied with each
+// stage, outweighs W) a stage may hold the same groups of two row tiles, whose units a
+// warp decodes against one load of x (kAcrossMinRing). Every per-stage address is a
+// lane's fixed offset plus the slot's: the loop keeps to 32-bit
 // arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued 0.21
 // warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
@@ -388,7 +389,15 @@ constexpr int kFirstStages = 2;  // the producer's copies before the table is fi
 // ring of two (28672x8192 at m = 8) 2% slower, and 4096x4096 (two such stages a CTA) 3-5%
 // slower. (K = 3, 4, 5 and NF4, bound by the copies, measured -3% to +3% by shape with x
 // resident: not taken.)
+// K = 3 takes them too where x comes with each stage and outweighs W there more than twice
+// (x_outweighs_w: with one tile a stage, x's shared-memory traffic, not W's, is the load):
+// 8192x28672 and 4096x14336 at m = 8 8-10% faster; at m = 1, 2 on 4096x14336 and m = 4
+// on 8192x28672 (x 1.3 times W or less) 3-10% slower, and K = 4 at m = 8 (x twice W) level
+// (H100, bench/RESULTS.md session 26).
 constexpr int kAcrossMinRing = 3, kAcrossMinStages = 4;
+// A stage's x (m rows of x_bytes-byte elements) against its row tile's W (16 rows of K
+// bits), for the same k: more than twice as many bytes.
+constexpr bool x_outweighs_w(int64_t m, int x_bytes, int K) { return m * x_bytes > 4 * K; }
 // The bytes of the streamed tiled GEMV's table: K = 2's quad table in kQuads copies (32:
 // rows of 256 bytes, 64 KB; 16: 32 KB, where 32 copies would cost x its residence or leave
 // fewer than kQuadMinRing stages), K = 4's pair table in rows of 256 bytes (64 KB), other K
@@ -453,24 +462,13 @@ struct ResidentX {
     __device__ __forceinline__ uint32_t ring_at() const {
         return base + (on() ? resident_x_bytes(rows, stride) : 0);
     }
-    // The producer lane (the GGUF stream): every row of x (xb, k_in elements each), once,
-    // on `bar`. (A piece with each of its first group's stages, as the tiled GEMV's below,
-    // measured no faster there at m = 1 and 1.5-3.5% slower at m = 8 on the long weights,
-    // where x comes with the stages: more work on its producer's path; bench/RESULTS.md,
-    // session 25.)
-    __device__ __forceinline__ void load(uint32_t bar, const uint8_t *xb, int64_t k_in,
-                                         uint64_t policy) const {
-        if (!on()) return;
-        mbar_expect(bar, static_cast<uint32_t>(rows * k_in * 2));
-        for (int i = 0; i < rows; ++i)
-            bulk_copy(row_at(i), xb + i * k_in * 2, static_cast<uint32_t>(k_in * 2), bar, policy);
-    }
     // Where x's `rows` (xb, k_in elements each) go for a stage: the ring slot's copy (at
     // `slot`, rows `slot_stride` apart) or, resident, their own place. A resident x comes
     // a piece at a time with the CTA's first row tile's (or group's) stages, each stage
     // carrying the k elements its units meet, so the consumers wait for no more than the
     // stage they decode (one copy of all of x before the first stage held them for up to
-    // 115 KB: bench/RESULTS.md, session 25). x_piece: those elements, or 0 for none.
+    // 115 KB: bench/RESULTS.md, session 25; the GGUF stream's m = 2..8 2-6% faster on
+    // 14336x4096, session 26). x_piece: those elements, or 0 for none.
     __device__ __forceinline__ int x_piece(bool first_tile, int elems) const {
         return (!on() || first_tile) ? elems : 0;
     }
@@ -1472,11 +1470,14 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                             }
                             if (quads == 0) l = pair_table;
                         }
-                        // K = 2: two row tiles a stage where a CTA reads kAcrossMinStages
-                        // of them or more and where that keeps x's residence and leaves a
+                        // K = 2 (and K = 3 where x comes with the stages and outweighs
+                        // W): two row tiles a stage where a CTA reads kAcrossMinStages of
+                        // them or more and where that keeps x's residence and leaves a
                         // ring of kAcrossMinRing
                         const int64_t cta_tiles = blocks_of(blocks_of(n_out, kTileRows), l.ctas);
-                        if (K == 2 && cta_tiles >= 2 &&
+                        const bool x_heavy = K == 3 && !l.x_stride &&
+                                             x_outweighs_w(m, sizeof(S), K);
+                        if ((K == 2 || x_heavy) && cta_tiles >= 2 &&
                             blocks_of(cta_tiles, 2) * per_tile >= kAcrossMinStages) {
                             const StreamLaunch one = l;
                             err = plan(quads ? quad_table_bytes(quads)
@@ -1506,10 +1507,10 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     auto per_warp = [&](auto q) {
                         using One = std::integral_constant<int, 1>;
                         using Two = std::integral_constant<int, 2>;
-                        if constexpr (K == 2)
+                        if constexpr (K <= 3) {
                             if (across) return streamed(q, One{}, Two{});
-                        if constexpr (K <= 3)
                             if (pairs) return streamed(q, Two{}, One{});
+                        }
                         streamed(q, One{}, One{});
                     };
                     if (l.ring >= 2) {

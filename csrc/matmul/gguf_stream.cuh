@@ -500,7 +500,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     using S = Stream<Fmt>;
     constexpr int kU = St::kUnits;
     extern __shared__ __align__(128) uint4 smem[];
-    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages], x_full;
+    __shared__ alignas(8) uint64_t full[kStreamMaxStages], empty[kStreamMaxStages];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
@@ -518,11 +518,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
     const uint32_t ring_at = rx.ring_at();
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
-    const uint32_t x_full_at = smem_address(&x_full);
-    if (threadIdx.x == 0) {
-        mbar_init(x_full_at, 1);  // (ring_init's fence covers it)
-        ring_init(full_at, empty_at, ring_stages);
-    }
+    if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages);
     __syncthreads();
 
     // The producer (one lane): stage q is units [g0, g0 + n) of the live tiles of group
@@ -532,7 +528,6 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
         if (lane != 0) return;
         const uint64_t w_policy = evict_first_policy(), x_policy = evict_last_policy();
         const auto *xb = reinterpret_cast<const uint8_t *>(x);
-        rx.load(x_full_at, xb, k_in, x_policy);
         RingSlot p;
         int g0 = 0;
         int64_t tile0 = int64_t{blockIdx.x} * kR;
@@ -541,8 +536,10 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
             const int n = groups - g0 < kU ? groups - g0 : kU;
             const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
             const int x_bytes = rx.on() ? 0 : n * kUnitK * 2;
+            // a resident x: a piece with each stage of the CTA's first group
+            const int x_piece = rx.on() && q < stages_per_group ? n * kUnitK : 0;
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-            mbar_expect(bar, live * St::kTile + x_rows * x_bytes);
+            mbar_expect(bar, live * St::kTile + x_rows * (x_bytes + 2 * x_piece));
             for (int r = 0; r < live; ++r)
 #pragma unroll
                 for (int i = 0; i < St::kPieces; ++i)
@@ -553,6 +550,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                 bulk_copy(dst + St::kX + i * St::kXStride,
                           xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
                           x_policy);
+            if (x_piece) rx.copy(bar, xb, k_in, g0 * kUnitK, x_piece, 0, 0, x_policy);
             p.next(ring_stages, stage_bytes);
             if ((g0 += kU) >= groups) g0 = 0, tile0 += tile_step;
         }
@@ -570,13 +568,12 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                                    g * St::kPieceStride +
                                    (Fmt::kElems == kChunk ? in_piece * 4 * Fmt::kBytes
                                                           : (in_piece >> 1) * Fmt::kBytes));
-    // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k),
-    // read after their barrier, whose zero the address carries (see mbar_wait)
-    const uint32_t x_ready = rx.on() ? mbar_wait(x_full_at, 0) : 0;
+    // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k,
+    // with the stage wait's zero: its first group's stages bring them)
     const uint32_t x_lane =
         opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
                         : ring_at + St::kX + min(g, x_rows - 1) * St::kXStride) +
-               j * kUnitK * 2 + 8 * t + x_ready);
+               j * kUnitK * 2 + 8 * t);
     const bool odd_half = (j & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
 
@@ -585,12 +582,12 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     int g0 = 0;
     int64_t tile0 = int64_t{blockIdx.x} * kR;
     for (int64_t q = 0; q < stages; ++q) {
-        const uint32_t at = c.at + mbar_wait(full_at + 8 * c.slot, c.phase);
+        const uint32_t zero = mbar_wait(full_at + 8 * c.slot, c.phase), at = c.at + zero;
         const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
         if (r < live && g0 + j < groups) {
             u.wa = at + w_lane;
             u.wb = u.wa + 8 * St::kPieceStride;
-            u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) : at + x_lane;
+            u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) + zero : at + x_lane;
             S::template run<T, NT>(u, odd_half, aligned4, acc);
         }
         mbar_arrive(empty_at + 8 * c.slot);
