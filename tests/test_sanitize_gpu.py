@@ -153,6 +153,17 @@ def test_gguf_streamed_groups_gemv(rng, n_out):
     _gguf_matmul(rng, "Q4_K", n_out, 5120, 8)
 
 
+@pytest.mark.parametrize("qtype, k_in, ms", [("Q4_K", 8448, (1, 4)), ("Q8_0", 8448, (1, 4)),
+                                             ("Q6_K", 10240, (1, 3))])
+def test_gguf_streamed_resident_x_pieces(rng, qtype, k_in, ms):
+    """The GGUF stream's resident x, which arrives a piece with each stage of a CTA's first
+    group of row tiles and is read again by its later groups: 6400 rows (400 row tiles,
+    three or more a CTA on 132 SMs), rows of several stages, the last one short, so that x
+    comes in several pieces, the ring wrapping inside the first group."""
+    for m in ms:
+        _gguf_matmul(rng, qtype, 6400, k_in, m)
+
+
 @pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])
 def test_streamed_x_paths(rng, n_out, k_in, m):
     """The streamed GEMVs (tiled kbit, GGUF) with x copied with each stage (7 rows of 6144

@@ -23,7 +23,8 @@
 //   NF4/FP4 it is the packed byte.
 // - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): no transposes
 //   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading
-//   every grid-th row tile (K = 2's two-tile kernels: a run of pairs), each one
+//   every grid-th row tile (the two-tile kernels of K = 2, and of K = 3 where x
+//   outweighs W: a run of pairs), each one
 //   contiguous range, through a ring of shared-memory stages that the bulk copy engine
 //   fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane loads its own pair
 //   indices into registers one group ahead (gemv_tiled_regs_kernel).
@@ -393,10 +394,11 @@ constexpr int kFirstStages = 2;  // the producer's copies before the table is fi
 // (x_outweighs_w: with one tile a stage, x's shared-memory traffic, not W's, is the load):
 // 8192x28672 and 4096x14336 at m = 8 8-10% faster; at m = 1, 2 on 4096x14336 and m = 4
 // on 8192x28672 (x 1.3 times W or less) 3-10% slower, and K = 4 at m = 8 (x twice W) level
-// (H100, bench/RESULTS.md session 26).
+// (H100, bench/RESULTS.md session 26; m = 5..7 not measured: the rule takes m = 7, which
+// on 8192x28672 also leaves two units a warp for it).
 constexpr int kAcrossMinRing = 3, kAcrossMinStages = 4;
-// A stage's x (m rows of x_bytes-byte elements) against its row tile's W (16 rows of K
-// bits), for the same k: more than twice as many bytes.
+// A stage's x (m rows of x_bytes-byte elements) against its row tile's W codes (16 rows of
+// K bits; the scales not counted), for the same k: more than twice as many bytes.
 constexpr bool x_outweighs_w(int64_t m, int x_bytes, int K) { return m * x_bytes > 4 * K; }
 // The bytes of the streamed tiled GEMV's table: K = 2's quad table in kQuads copies (32:
 // rows of 256 bytes, 64 KB; 16: 32 KB, where 32 copies would cost x its residence or leave
@@ -426,7 +428,8 @@ __device__ __forceinline__ void consumers_sync() {
 // 132 SMs; 4096x4096: 1.9): the stages then carry W alone. Measured (bench/RESULTS.md,
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
 // to 10% slower at m = 4..8 (x then arrived before the first stage was read; the tiled
-// GEMV's x now comes a piece with each of its first tile's stages, and the rule measured
+// GEMV's x, and since session 26 the GGUF stream's, now comes a piece with each of its
+// first tile's (or group's) stages, and the tiled GEMV's rule measured
 // still best there: session 25, 4096x4096 K = 5 m = 8 5% faster resident, 8192x28672
 // K = 2 m = 2 3% slower, the rest within 1%). Rows at
 // `stride` bytes (x_row_stride of k_in * 2 for the kernel's x reads of `read` bytes) from
@@ -507,7 +510,8 @@ __device__ __forceinline__ int64_t round_robin_count(int64_t items) {
 // (round_robin_count), 1-6% faster
 // than a run of consecutive tiles a CTA at K = 3..5 and NF4, m = 1..4 on the large
 // weights, within 1% at m = 8 (H100, bench/RESULTS.md session 25). Groups of two tiles
-// (K = 2) keep a run a CTA: dealt round-robin as pairs, the fullest CTA took a tile more
+// (K = 2, and K = 3 where x outweighs W) keep a run a CTA: dealt round-robin as pairs,
+// the fullest CTA took a tile more
 // (448 pairs over 132 CTAs), and a CTA pairing its own round-robin tiles ran 0.5-1.5%
 // slower at m = 2..8.
 struct StreamWalk {

@@ -537,7 +537,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
             const int live = static_cast<int>(tiles - tile0 < kR ? tiles - tile0 : kR);
             const int x_bytes = rx.on() ? 0 : n * kUnitK * 2;
             // a resident x: a piece with each stage of the CTA's first group
-            const int x_piece = rx.on() && q < stages_per_group ? n * kUnitK : 0;
+            const int x_piece = rx.on() ? rx.x_piece(q < stages_per_group, n * kUnitK) : 0;
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
             mbar_expect(bar, live * St::kTile + x_rows * (x_bytes + 2 * x_piece));
             for (int r = 0; r < live; ++r)
