@@ -24,10 +24,10 @@
 // - Tiled (kbit weights repacked once by kbit_tile, formats/kbit_tiled.h): no transposes
 //   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading
 //   every grid-th row tile (the two-tile kernels of K = 2, and of K = 3 where x
-//   outweighs W: a run of pairs), each one
-//   contiguous range, through a ring of shared-memory stages that the bulk copy engine
-//   fills (gemv_tiled_kernel); m = 9..16 and older GPUs: each lane loads its own pair
-//   indices into registers one group ahead (gemv_tiled_regs_kernel).
+//   outweighs W: a run of pairs), each one contiguous range, through a ring of
+//   shared-memory stages that the bulk copy engine fills (gemv_tiled_kernel); m = 9..16
+//   and older GPUs: each lane loads its own pair indices into registers one group ahead
+//   (gemv_tiled_regs_kernel).
 // - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16 below gguf90_min_m): the tiled
 //   streamed kernel's ring over the file's blocks (a TMA box of 16 rows a stage and row
 //   tile, one or four tiles a stage), integer codes turned into exact fp16/bf16 pairs by
@@ -313,16 +313,16 @@ gemv_direct_kernel(Dec dec, const typename T::storage *__restrict__ x, int64_t m
 // and the x elements they meet) completing on the stage's "full" mbarrier; the 16
 // consumer warps decode the stage's units and release the slot on its "empty" mbarrier.
 // The bytes in flight are the ring's (tens of KB an SM), not the registers', and a CTA
-// reads each of its row tiles (or pairs) as one contiguous range of W. Lane (g, t) reads its
-// segment and rows g and g+8's scales from the stage, takes each pair index as a
+// reads each of its row tiles (or pairs) as one contiguous range of W. Lane (g, t) reads
+// its segment and rows g and g+8's scales from the stage, takes each pair index as a
 // fixed-position bit field and looks it up in the pair table (one shift, one LOP3 and one
 // load; at K = 2 on long runs the quad table, two pairs a load), E4M4 scales decoded by
 // arithmetic; after a tile's last stage the warps hand their sums to a reducer warp
 // through shared memory (TileSums) and go on. At K = 2 (K = 3 where x, copied with each
 // stage, outweighs W) a stage may hold the same groups of two row tiles, whose units a
 // warp decodes against one load of x (kAcrossMinRing). Every per-stage address is a
-// lane's fixed offset plus the slot's: the loop keeps to 32-bit
-// arithmetic (bench/RESULTS.md, session 7: a version that recomputed them issued 0.21
+// lane's fixed offset plus the slot's: the loop keeps to 32-bit arithmetic
+// (bench/RESULTS.md, session 7: a version that recomputed them issued 0.21
 // warp-instructions per weight, this one 0.115 at K = 4).
 constexpr int kStreamWarps = 16;  // consumer warps (24 measured no faster: bench/RESULTS.md)
 constexpr int kStreamThreads = (kStreamWarps + 1) * 32;  // and one producer warp
@@ -429,9 +429,9 @@ __device__ __forceinline__ void consumers_sync() {
 // session 10): the tiled GEMV at m = 1 3-10% faster; with two tiles a CTA (4096x4096), up
 // to 10% slower at m = 4..8 (x then arrived before the first stage was read; the tiled
 // GEMV's x, and since session 26 the GGUF stream's, now comes a piece with each of its
-// first tile's (or group's) stages, and the tiled GEMV's rule measured
-// still best there: session 25, 4096x4096 K = 5 m = 8 5% faster resident, 8192x28672
-// K = 2 m = 2 3% slower, the rest within 1%). Rows at
+// first tile's (or group's) stages, and the tiled GEMV's rule measured still best there:
+// session 25, 4096x4096 K = 5 m = 8 5% faster resident, 8192x28672 K = 2 m = 2 3%
+// slower, the rest within 1%). Rows at
 // `stride` bytes (x_row_stride of k_in * 2 for the kernel's x reads of `read` bytes) from
 // the start of the dynamic shared memory after the pair table, the ring after them.
 // The tiled GEMV holds up to kResidentXTiled bytes where its ring keeps kResidentMinRing
@@ -471,7 +471,9 @@ struct ResidentX {
     // carrying the k elements its units meet, so the consumers wait for no more than the
     // stage they decode (one copy of all of x before the first stage held them for up to
     // 115 KB: bench/RESULTS.md, session 25; the GGUF stream's m = 2..8 2-6% faster on
-    // 14336x4096, session 26). x_piece: those elements, or 0 for none.
+    // 14336x4096, session 26). x_piece: the elements of x a stage carries, `elems` (its
+    // units' k) where x comes with every stage or in the first tile's (group's) stages,
+    // else 0.
     __device__ __forceinline__ int x_piece(bool first_tile, int elems) const {
         return (!on() || first_tile) ? elems : 0;
     }
@@ -507,13 +509,11 @@ __device__ __forceinline__ int64_t round_robin_count(int64_t items) {
 // A streamed CTA's share of the work: `count` row tiles, the CTA's i-th at first + i step,
 // taken in groups of kTiles; their `stages` stages; and the rows of x (all of them: one
 // pass, m <= pass_rows, as the launchers ask). Single tiles are dealt round-robin
-// (round_robin_count), 1-6% faster
-// than a run of consecutive tiles a CTA at K = 3..5 and NF4, m = 1..4 on the large
-// weights, within 1% at m = 8 (H100, bench/RESULTS.md session 25). Groups of two tiles
-// (K = 2, and K = 3 where x outweighs W) keep a run a CTA: dealt round-robin as pairs,
-// the fullest CTA took a tile more
-// (448 pairs over 132 CTAs), and a CTA pairing its own round-robin tiles ran 0.5-1.5%
-// slower at m = 2..8.
+// (round_robin_count), 1-6% faster than a run of consecutive tiles a CTA at K = 3..5 and
+// NF4, m = 1..4 on the large weights, within 1% at m = 8 (H100, bench/RESULTS.md session
+// 25). Groups of two tiles (K = 2, and K = 3 where x outweighs W) keep a run a CTA: dealt
+// round-robin as pairs, the fullest CTA took a tile more (448 pairs over 132 CTAs), and a
+// CTA pairing its own round-robin tiles ran 0.5-1.5% slower at m = 2..8.
 struct StreamWalk {
     int64_t first, step, count, stages;
     int x_rows;
@@ -690,7 +690,6 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const StreamWalk walk = stream_walk<kTiles>(n_out, stages_per_tile, m, kMaxM);
     const int64_t stages = walk.stages;
     const int x_rows = walk.x_rows;
-    const auto group_tiles = [&](int64_t j) { return walk.group_tiles<kTiles>(j); };
     // dynamic shared memory: the table, the tile sums' buffer, x (if resident), the ring
     const TileSums<kTiles> sums{smem_address(smem) + stream_table_bytes<T, K, FMT, kQuads>(),
                                 smem_address(&sums_full), smem_address(&sums_empty)};
@@ -726,7 +725,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             const int x_elems = rx.x_piece(issued < stages_per_tile,
                                            min((p_g0 + n) * 128, chunks * kChunk) - p_g0 * 128);
             const uint32_t bar = full_at + 8 * p.slot, dst = ring_at + p.at;
-            const int nt = group_tiles(p_group);  // n units of each tile, one x for them
+            const int nt = walk.group_tiles<kTiles>(p_group);  // n units of each tile, one x for them
             mbar_expect(bar, nt * n * (St::kUnitW + St::kUnitS) + x_rows * x_elems * 2);
             for (int u = 0; u < nt; ++u) {
                 const int64_t unit = walk.tile(p_group * kTiles + u) * groups + p_g0;
@@ -754,7 +753,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     if (warp == kStreamWarps + 1) {  // the reducer: each row tile's sums to y
         for (int64_t j = 0; j < stages / stages_per_tile; ++j)
             sums.template reduce<T>(j, walk.tile(j * kTiles) * kTileRows, walk.step * kTileRows,
-                                    group_tiles(j), m, n_out, bias, y);
+                                    walk.group_tiles<kTiles>(j), m, n_out, bias, y);
         return;
     }
 
@@ -789,7 +788,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     };
 
     Sums<kTiles> acc;         // row tile u of the group: acc.v[u]
-    int nt = group_tiles(0);  // row tiles of the current group
+    int nt = walk.group_tiles<kTiles>(0);  // row tiles of the current group
     // Chunk v of the warp's units: N row tiles' segments w, scales sa / sb (rows g, g + 8),
     // x at xu (shared by the N units: one group of N row tiles).
     auto chunk = [&](auto tiles, int v, const uint32_t (&w)[kTiles][2 * K],
@@ -879,7 +878,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
             for (int i = 0; i < 4; ++i) acc.v[u][i] *= scale.out;
         sums.put(j, warp, g, t, acc.v, nt);
         acc = Sums<kTiles>{};
-        nt = group_tiles(j + 1);
+        nt = walk.group_tiles<kTiles>(j + 1);
     });
 #endif
 }
@@ -1478,10 +1477,10 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         // W): two row tiles a stage where a CTA reads kAcrossMinStages of
                         // them or more and where that keeps x's residence and leaves a
                         // ring of kAcrossMinRing
+                        // (the two-tile kernels are built for K <= 3: per_warp below)
                         const int64_t cta_tiles = blocks_of(blocks_of(n_out, kTileRows), l.ctas);
-                        const bool x_heavy = K == 3 && !l.x_stride &&
-                                             x_outweighs_w(m, sizeof(S), K);
-                        if ((K == 2 || x_heavy) && cta_tiles >= 2 &&
+                        const bool x_heavy = !l.x_stride && x_outweighs_w(m, sizeof(S), K);
+                        if (K <= 3 && (K == 2 || x_heavy) && cta_tiles >= 2 &&
                             blocks_of(cta_tiles, 2) * per_tile >= kAcrossMinStages) {
                             const StreamLaunch one = l;
                             err = plan(quads ? quad_table_bytes(quads)

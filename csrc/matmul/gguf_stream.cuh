@@ -546,6 +546,9 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                     tma_load(dst + r * St::kTile + i * St::kBox, wmap,
                              static_cast<int>((St::unit_bytes(g0) + i * St::kPieceBytes) / 8),
                              static_cast<int>((tile0 + r) * kTileRows), bar, w_policy);
+            // (x copied with each stage through a loop of its own: through ResidentX::copy,
+            // as the tiled GEMV's, m = 8 on the long weights measured 1.5-3.5% slower:
+            // bench/RESULTS.md, session 25)
             for (int i = 0; i < x_rows && !rx.on(); ++i)
                 bulk_copy(dst + St::kX + i * St::kXStride,
                           xb + (i * k_in + static_cast<int64_t>(g0) * kUnitK) * 2, x_bytes, bar,
