@@ -724,10 +724,14 @@ def test_gpu_gemm_fp32_scales_beyond_fp16(rng, tiled):
 
 def test_workspace_bytes():
     """The split-K workspace: none below the GEMMs' m (9; 8 for the streamed GEMM of
-    stored weights of 8192 rows) or with enough tiles, some for few tiles and long rows
-    (the tiled GEMM's too); -1 for negative sizes."""
+    stored weights of 8192 rows) or with tiles that fill the CTAs evenly, some for few
+    tiles and long rows (the tiled GEMM's too) and for the even walk; -1 for negative
+    sizes."""
     assert workspace_bytes(8, 4096, 4096) == 0
-    assert workspace_bytes(16, 28672, 28672) == 0
+    # the persistent GEMMs' even walk to m = 64 where split k leaves CTAs uneven: 224
+    # tiles of 28672 rows on 264 CTAs (a slot of partial sums a CTA); 264 tiles need none
+    assert workspace_bytes(16, 28672, 28672) >= 264 * 16 * 128 * 4
+    assert workspace_bytes(16, 4096, 33792) == 0
     assert workspace_bytes(16, 4096, 4096) > 0
     assert workspace_bytes(40, 4096, 131) > 0
     assert workspace_bytes(16, 64, 4096) == 0  # too few stages to split

@@ -199,6 +199,14 @@ def test_streamed_two_tiles_a_stage(rng, n_out):
     _tiled_matmul(n_out, 4128, 2, (1, 3))
 
 
+def test_gemm_even_walk(rng):
+    """The persistent GEMMs' even walk (70 tiles of 128 rows on 132 CTAs: each CTA a run of
+    96 of the tiled GEMM's stages at m = 64, or 48 of the GGUF GEMM's at m = 20; a tile in
+    two or three pieces, the first adding the others' partial sums)."""
+    _gguf_matmul(rng, "Q4_K", 8960, 12288, 20)
+    _tiled_matmul(8960, 12288, 4, (64,))
+
+
 def test_streamed_two_tiles_k3(rng):
     """K = 3: two row tiles a stage where x, copied with each stage, outweighs W more than
     twice (m = 8; 4400 rows: two or three row tiles a CTA; rows of 33 groups, the last of

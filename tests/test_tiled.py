@@ -622,6 +622,51 @@ def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
 
 
 @requires_gpu
+def test_gpu_gemm_even_walk(rng):
+    """The persistent GEMMs' even walk to m = 64, where split k would leave the CTAs uneven
+    (formats/matmul.h, tiled90_plan): each CTA takes an equal run of the tiles' k stages,
+    a tile in pieces at the runs' ends, its first piece adding the others' partial sums.
+    17920 x 12288 (140 tiles of 128 rows): the tiled GEMM on 264 CTAs (K = 4 at m = 16,
+    K = 2 at m = 40, K = 3 at m = 64: runs of 51 of its 96 stages a tile, each tile in two
+    or three pieces) and the GGUF GEMM (Q4_K at m = 20) on 132 (runs of 51 of 48 stages a
+    tile: some tiles whole); fp16 x, a bias; made on the GPU, against x times the
+    dequantized W in float32; a second call gives the same bits (the pieces added in
+    order)."""
+    import torch
+    from kbit import gguf as kg
+    from test_matmul import gguf_blocks
+    g = torch.Generator(device="cuda").manual_seed(29)
+    q4k = kg.GGML_TYPES["Q4_K"]
+
+    def check(wq, w32, m, dtype, what):
+        n_out, k_in = w32.shape
+        assert workspace_bytes(m, k_in, n_out) >= 132 * 16 * 128 * 4, f"{what}: no even walk"
+        x = torch.randn(m, k_in, device="cuda", generator=g).to(dtype)
+        b = torch.randn(n_out, device="cuda", generator=g).to(dtype)
+        y = kbit.matmul(x, wq, b)
+        ref = x.float() @ w32.T + b.float()
+        err = float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
+        tol = TOL["float16" if dtype == torch.float16 else "bfloat16"]
+        assert err <= tol, f"{what} m={m} {dtype}: relative error {err:.3g} > {tol}"
+        again = kbit.matmul(x, wq, b)
+        assert torch.equal(again.view(torch.int16), y.view(torch.int16)), \
+            f"{what} m={m}: the pieces' sums differ between calls"
+
+    for (n_out, k_in), cases, gguf_m in (((17920, 12288), ((4, 16), (2, 40), (3, 64)), 20),):
+        for i, (k, m) in enumerate(cases):
+            w = torch.randn(n_out, k_in, device="cuda", generator=g)
+            q = kbit.quantize(w, k=k)
+            del w
+            check(kbit.tile(q), kbit.dequantize(q, dtype="float32"), m, torch.float16,
+                  f"tiled K={k} {n_out}x{k_in}")
+        raw = gguf_blocks(rng, "Q4_K", n_out, k_in)
+        w32 = torch.from_numpy(kg.dequantize(kg.GGUFTensor(raw.reshape(-1), q4k, (n_out, k_in)),
+                                             dtype="float32")).cuda()
+        wq = kg.GGUFTensor(torch.from_numpy(raw.reshape(-1)).cuda(), q4k, (n_out, k_in))
+        check(wq, w32, gguf_m, torch.float16, f"Q4_K {n_out}x{k_in}")
+
+
+@requires_gpu
 @pytest.mark.parametrize("k", [2, 5])
 def test_gpu_split_sums_same_bits(rng, k):
     """Split k: every split but the last writes its partial sums, and the last adds them to

@@ -146,6 +146,10 @@ struct GemmPlan {
     int splits = 1;       // CTAs per tile along k (1: no workspace needed)
     int64_t whole = 0;    // tiled90_plan: tiles [0, whole) not split, only the rest
     int64_t workspace = 0;
+    // tiled90_plan: the even walk (`room` CTAs, each an equal run of the tiles' k stages;
+    // a tile in two or three pieces at the runs' ends, their partial sums a CTA's slot)
+    bool even = false;
+    int64_t room = 0;
 };
 
 // 16 rows of x for m <= 16, 32 (one or two tiles) up to 64, then 128.
@@ -250,8 +254,30 @@ inline GemmPlan stream90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) 
 // (measured 3% faster there, session 13).
 constexpr int64_t kTiled90MinTiles256 = 64;
 constexpr int64_t kTiled90Room = 132;  // CTAs a wave (one an SM from m = 65)
+// To m = kStream90MaxM the persistent GEMMs (tiled, GGUF) walk their k stages evenly
+// where split_last's plan leaves the busiest CTA more than kEvenSlack times an equal share,
+// the tiles are half the CTAs or more (a tile in at most three pieces) and a CTA's run
+// is kEvenMinStages stages of 64 k or more: CTA c takes the stages [c U / G, (c + 1) U /
+// G) of the U of all tiles in order. At m = 16 on 28672x8192 (224 tiles of 128 rows, 264
+// CTAs) split k leaves two tiles on 92 SMs, one on 40. Measured there (H100,
+// bench/RESULTS.md session 27) at m = 16..64: K = 2, 3, 5 and GGUF 1-10% faster, K = 4
+// 4% from m = 32, K = 4 m = 16 level, NF4 m = 16 6% slower. Runs of 54 stages (14336x4096 on 132 CTAs) measured
+// 5-20% slower than split k (ibid., run 5: each run's second item, its epilogue and
+// partial sums, costs more than the balance gains there).
+constexpr double kEvenSlack = 1.08;
+constexpr int64_t kEvenMinStages = 96;
+inline GemmPlan even_walk(GemmPlan p, int64_t room) {
+    const int64_t s = p.splits;
+    const double busiest = static_cast<double>((p.tiles * s + room - 1) / room) / s;
+    if (p.tiles * 2 < room || p.tiles * p.stages < kEvenMinStages * room ||
+        busiest <= kEvenSlack * static_cast<double>(p.tiles) / room)
+        return p;
+    p.splits = 1, p.whole = 0, p.even = true, p.room = room;
+    p.workspace = room * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
+    return p;
+}
 inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
-    if (m <= kStream90MaxM) return stream90_plan(m, k_in, n_out, ctas);
+    if (m <= kStream90MaxM) return even_walk(stream90_plan(m, k_in, n_out, ctas), 132 * ctas);
     GemmPlan p = gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
     const int64_t tail = p.tiles % kTiled90Room;
     if (p.splits > 1 || p.tiles < kTiled90Room || tail == 0 || 2 * tail > kTiled90Room) return p;
@@ -276,7 +302,8 @@ inline int64_t gemm_workspace(int64_t m, int64_t k_in, int64_t n_out) {
     const bool streamed = m >= kGemmMinM || m >= stream90_min_m(n_out, k_in, false);
     const int64_t ws[] = {gemm_plan(m, k_in, n_out).workspace, gemm90_plan(m, k_in, n_out).workspace,
                           gemm90_plan(m, k_in, n_out, 128).workspace,
-                          m > kStream90MaxM ? tiled90_plan(m, k_in, n_out, 1).workspace : 0,
+                          m >= kGemmMinM ? tiled90_plan(m, k_in, n_out, 1).workspace : 0,
+                          m >= kGemmMinM ? tiled90_plan(m, k_in, n_out, 2).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 1).workspace : 0,
                           streamed ? stream90_plan(m, k_in, n_out, 2).workspace : 0};
     int64_t most = 0;

@@ -874,36 +874,41 @@ __device__ __forceinline__ int64_t scale_of(const Dec &dec, int64_t row, int64_t
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
-template <int kPer, int kN, class Sync = BlockSync>
-__device__ __forceinline__ bool sum_splits(float (&acc)[kPer], int64_t tile, int split, int splits,
-                                           float *partials, unsigned *counters, Sync sync = {}) {
+// sum_pieces: the same for the `pieces` of one output tile whose partial sums go in slots
+// part0 + piece, its arrivals in counters[counter]; the piece that adds the others is the
+// last (kFirstSums false: split k) or the first (the persistent GEMMs' even walk, where a
+// tile's first piece is its CTA's last item and the others their CTAs' first).
+template <int kPer, int kN, bool kFirstSums, class Sync = BlockSync>
+__device__ __forceinline__ bool sum_pieces(float (&acc)[kPer], int64_t part0, int64_t counter,
+                                           int piece, int pieces, float *partials,
+                                           unsigned *counters, Sync sync = {}) {
     static_assert(kPer % 4 == 0, "partials go in 16-byte stores");
     constexpr int kVec = kPer / 4;
     const int tid = threadIdx.x;
-    float4 *all = reinterpret_cast<float4 *>(partials + tile * splits * (kPer * kN)) + tid;
-    if (split != splits - 1) {
-        float4 *mine = all + split * (kVec * kN);
+    float4 *all = reinterpret_cast<float4 *>(partials + part0 * (kPer * kN)) + tid;
+    if (piece != (kFirstSums ? 0 : pieces - 1)) {
+        float4 *mine = all + piece * (kVec * kN);
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
             mine[j * kN] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
         __threadfence();
         sync();
-        if (tid == 0) atomicAdd(counters + tile, 1u);
+        if (tid == 0) atomicAdd(counters + counter, 1u);
         return false;
     }
     if (tid == 0) {
-        const unsigned others = static_cast<unsigned>(splits - 1);
+        const unsigned others = static_cast<unsigned>(pieces - 1);
         unsigned seen;
-        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + tile) : "memory");
+        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + counter) : "memory");
         while (seen != others);
-        counters[tile] = 0u;
+        counters[counter] = 0u;
     }
     sync();
     __threadfence();
-    // a split's kVec loads in flight at once (one round trip to L2 a split, not one a
+    // a piece's kVec loads in flight at once (one round trip to L2 a piece, not one a
     // value), each partial zeroed behind its read for the next call (SPEC 6)
 #pragma unroll 1
-    for (int sp = 0; sp < splits - 1; ++sp) {
+    for (int sp = kFirstSums ? 1 : 0; sp < (kFirstSums ? pieces : pieces - 1); ++sp) {
         float4 *part = all + sp * (kVec * kN);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -914,6 +919,12 @@ __device__ __forceinline__ bool sum_splits(float (&acc)[kPer], int64_t tile, int
         for (int j = 0; j < kVec; ++j) part[j * kN] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     return true;
+}
+template <int kPer, int kN, class Sync = BlockSync>
+__device__ __forceinline__ bool sum_splits(float (&acc)[kPer], int64_t tile, int split, int splits,
+                                           float *partials, unsigned *counters, Sync sync = {}) {
+    return sum_pieces<kPer, kN, false>(acc, tile * splits, tile, split, splits, partials, counters,
+                                       sync);
 }
 // The same, the last split storing each sum through store(i, v).
 template <int kPer, int kN, class Store, class Sync = BlockSync>
@@ -971,22 +982,26 @@ auto with_w_unit(const Dec &dec, int64_t k_in, F &&f) {
 // The split-K arguments of a launch: the plan's split only with a workspace of the plan's
 // size (else one split, always correct); partial tiles of bm x kGemmRows floats, then one
 // arrival counter a tile.
+// The even walk (tiled90_plan) likewise: partial sums a CTA, then a counter a tile.
 struct SplitArgs {
     int splits = 1;
+    bool even = false;
     float *partials = nullptr;
     unsigned *counters = nullptr;
 };
 inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_t workspace_bytes) {
     SplitArgs a;
-    if (plan.splits < 2 || workspace == nullptr ||
+    if ((plan.splits < 2 && !plan.even) || workspace == nullptr ||
         workspace_bytes < static_cast<size_t>(plan.workspace) ||
         reinterpret_cast<uintptr_t>(workspace) % 16 != 0)  // (16-byte partials)
         return a;
     a.splits = plan.splits;
+    a.even = plan.even;
     a.partials = static_cast<float *>(workspace);
-    const int64_t split_tiles = plan.tiles - plan.whole;  // (tiled90_plan: only those split)
+    // (tiled90_plan: only tiles [whole, tiles) split; the even walk: a slot a CTA)
+    const int64_t slots = plan.even ? plan.room : (plan.tiles - plan.whole) * a.splits;
     a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
-                                              split_tiles * a.splits * bm * kGemmRows * 4);
+                                              slots * bm * kGemmRows * 4);
     return a;
 }
 

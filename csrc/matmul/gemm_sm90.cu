@@ -1177,7 +1177,12 @@ struct WorkItems {
         : m(m_), n_out(n_out_), groups(groups_), whole(whole_), splits(splits_), bn(bn_) {
         split_tiles = ((m + bn - 1) / bn) * ((n_out + kGemmRows - 1) / kGemmRows) - whole;
     }
+    static constexpr bool kEven = false;
     __device__ int64_t count() const { return whole + split_tiles * splits; }
+    // the CTA's items: first(), first() + step(), ... before end()
+    __device__ int64_t first() const { return blockIdx.x; }
+    __device__ int64_t end() const { return count(); }
+    __device__ int64_t step() const { return gridDim.x; }
     __device__ Item operator[](int64_t it) const {
         Item w;
         const int64_t j = it - whole;
@@ -1192,6 +1197,60 @@ struct WorkItems {
         return w;
     }
 };
+
+// The even walk of a persistent GEMM's work (tiled90_plan's `even`): the U = tiles x groups
+// units (tile, stage of k) in order, CTA c taking [c U / G, (c + 1) U / G) as consecutive
+// items, one a tile its run meets. A tile's pieces are those of the CTAs whose runs meet
+// it; the first (its CTA's last item: the others are their CTAs' first) adds the others'
+// partial sums, each CTA's in its own workspace slot (gemm::sum_pieces).
+struct EvenItems {
+    int64_t m, n_out, groups, units;
+    int bn;
+    struct Item {
+        int64_t tile, n0, m0;
+        int g_begin, stages;
+    };
+    struct Pieces {
+        int64_t part0;  // the first piece's CTA (its slot; piece p's is part0 + p)
+        int piece, pieces;
+    };
+    static constexpr bool kEven = true;
+    __device__ EvenItems(int64_t m_, int64_t n_out_, int64_t groups_, int bn_)
+        : m(m_), n_out(n_out_), groups(groups_), bn(bn_) {
+        units = ((m + bn - 1) / bn) * ((n_out + kGemmRows - 1) / kGemmRows) * groups;
+    }
+    __device__ int64_t run_at(int64_t c) const { return c * units / gridDim.x; }  // CTA c's first unit
+    __device__ int64_t cta_of(int64_t u) const {  // the CTA whose run holds unit u
+        return ((u + 1) * gridDim.x + units - 1) / units - 1;
+    }
+    __device__ int64_t first() const { return run_at(blockIdx.x) / groups; }
+    __device__ int64_t end() const { return (run_at(blockIdx.x + 1) - 1) / groups + 1; }
+    __device__ int64_t step() const { return 1; }
+    __device__ Item operator[](int64_t tile) const {
+        Item w;
+        const int64_t t0 = tile * groups, lo = run_at(blockIdx.x), hi = run_at(blockIdx.x + 1);
+        w.tile = tile;
+        w.g_begin = static_cast<int>((lo > t0 ? lo : t0) - t0);
+        w.stages = static_cast<int>((hi < t0 + groups ? hi : t0 + groups) - t0) - w.g_begin;
+        const gemm::TileOrigin origin = gemm::tile_origin(tile, m, n_out, bn);
+        w.n0 = origin.n0, w.m0 = origin.m0;
+        return w;
+    }
+    __device__ Pieces pieces(int64_t tile) const {
+        const int64_t t0 = tile * groups, c0 = cta_of(t0);
+        return {c0, static_cast<int>(blockIdx.x - c0),
+                static_cast<int>(cta_of(t0 + groups - 1) - c0 + 1)};
+    }
+};
+// A persistent GEMM's walk: split k, or the even walk.
+template <bool kEven>
+using Walk = std::conditional_t<kEven, EvenItems, WorkItems>;
+template <bool kEven>
+__device__ Walk<kEven> make_walk(int64_t m, int64_t n_out, int64_t groups, int bn, int64_t whole,
+                                 int splits) {
+    if constexpr (kEven) return EvenItems(m, n_out, groups, bn);
+    else return WorkItems(m, n_out, groups, bn, whole, splits);
+}
 
 // A ring of shared-memory slots with a full and an empty mbarrier each.
 struct Ring {
@@ -1256,18 +1315,28 @@ struct Rings {
 };
 
 // An item's sums (the consumers' accumulators) to y, times out_mul, plus bias: a split
-// item's through the workspace, by its last split; staged (store_tile_staged)
+// item's through the workspace, by its last split (the even walk's: by a tile's first
+// piece); staged (store_tile_staged)
 // where staged_y, else element by element.
-template <class T, int BN>
-__device__ __forceinline__ void store_item(float (&acc)[BN / 2], const WorkItems::Item &item,
+template <class T, int BN, class Items>
+__device__ __forceinline__ void store_item(float (&acc)[BN / 2], const Items &items,
+                                           const typename Items::Item &item,
                                            int64_t m, int64_t n_out, float out_mul,
                                            const typename T::storage *__restrict__ bias,
                                            typename T::storage *__restrict__ y, float *partials,
                                            unsigned *counters, bool staged_y, uint32_t staging) {
-    if (item.splits > 1 &&
-        !gemm::sum_splits<BN / 2, kThreads90>(acc, item.slot, item.split, item.splits, partials,
-                                              counters, ConsumerSync{}))
+    if constexpr (Items::kEven) {
+        const EvenItems::Pieces p = items.pieces(item.tile);
+        if (p.pieces > 1 &&
+            !gemm::sum_pieces<BN / 2, kThreads90, true>(acc, p.part0, item.tile, p.piece,
+                                                        p.pieces, partials, counters,
+                                                        ConsumerSync{}))
+            return;
+    } else if (item.splits > 1 &&
+               !gemm::sum_splits<BN / 2, kThreads90>(acc, item.slot, item.split, item.splits,
+                                                     partials, counters, ConsumerSync{})) {
         return;
+    }
     if (staged_y)  // (false where BN < 64)
         store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
     else
@@ -1279,16 +1348,16 @@ __device__ __forceinline__ void store_item(float (&acc)[BN / 2], const WorkItems
 // items, W's stage into a slot of the W ring (issue_w(dst, stage, n0, bar, policy), w_bytes),
 // then its kHalves 64-k halves of x into slots of the x ring. A slot's n-th refill (n >=
 // 1) waits for its n-th release, the phase of parity (n - 1) & 1.
-template <int kHalves, class IssueW>
-__device__ __forceinline__ void produce(const WorkItems &items, const Ring &wr, const Ring &xr,
+template <int kHalves, class Items, class IssueW>
+__device__ __forceinline__ void produce(const Items &items, const Ring &wr, const Ring &xr,
                                         uint32_t w_bytes, const CUtensorMap &xmap, int stage_k,
                                         IssueW issue_w) {
     // W is read again by the CTAs of the other tiles of x, if any
     const uint64_t w_policy = items.m > items.bn ? evict_last_policy() : evict_first_policy();
     const uint64_t x_policy = evict_last_policy();
     RingPos w, x;
-    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
-        const WorkItems::Item item = items[it];
+    for (int64_t it = items.first(); it < items.end(); it += items.step()) {
+        const auto item = items[it];
         for (int q = 0; q < item.stages; ++q) {
             const int gi = item.g_begin + q;
             if (w.wrapped) mbar_wait(wr.empty + 8 * w.slot, w.phase ^ 1u);
@@ -1307,7 +1376,7 @@ __device__ __forceinline__ void produce(const WorkItems &items, const Ring &wr, 
     }
 }
 
-template <class T, class Src, int BN, int kCtas>
+template <class T, class Src, int BN, int kCtas, bool kEven>
 __global__ void __launch_bounds__(kTThreads, kCtas)
 tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
                     const typename T::storage *__restrict__ x, int64_t m, int64_t k_in,
@@ -1332,7 +1401,7 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const int64_t groups = (k_in + kStageK - 1) / kStageK;
-    const WorkItems items(m, n_out, groups, BN, whole, splits);
+    const auto items = make_walk<kEven>(m, n_out, groups, BN, whole, splits);
     if (tid == 0) rings.init();
     const BookEntry book = book_entry<Dec>(codebook, k);
     float out_mul;
@@ -1384,8 +1453,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
     int xs = 0, ws = 0;
     uint32_t x_phase = 0, w_phase = 0;
     XHalves<C::kX> xh = rings.halves();
-    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
-        const WorkItems::Item item = items[it];
+    for (int64_t it = items.first(); it < items.end(); it += items.step()) {
+        const auto item = items[it];
         for (int q = 0; q < item.stages; ++q) {
             const uint32_t w_slot = ws * C::kW + mbar_wait(wr.full + 8 * ws, w_phase);
             // the g's segments in the slot: their span (4 x 8K bytes) starts on its own
@@ -1455,7 +1524,8 @@ tiled_gemm90_kernel(Src src, const float *__restrict__ codebook, int k,
         }
         wgmma_wait<0>();
         fence_operands(acc);
-        store_item<T, BN>(acc, item, m, n_out, out_mul, bias, y, partials, counters, staged_y, staging);
+        store_item<T, BN>(acc, items, item, m, n_out, out_mul, bias, y, partials, counters, staged_y,
+                          staging);
     }
 }
 
@@ -1480,21 +1550,29 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
     if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
-    // one CTA a work item (tile, split), at most as many as the SMs hold
-    constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas>;
+    // one CTA a work item (tile, split), at most as many as the SMs hold; the even walk's
+    // on as many CTAs as the SMs hold, at most the plan's (a workspace slot each)
     int sms = 0;
-    if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
-        return err;
+    if ((err = sm_count(&sms)) != cudaSuccess) return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     const int64_t whole = sp.splits > 1 ? plan.whole : 0;
     const int64_t items = whole + (plan.tiles - whole) * sp.splits,
                   room = static_cast<int64_t>(sms) * kCtas;
     using St = typename T::storage;
-    cudaGetLastError();
-    kernel<<<static_cast<unsigned>(items < room ? items : room), kTThreads, C::bytes(), stream>>>(
-        src, codebook, k, static_cast<const St *>(x), m, k_in, n_out, static_cast<const St *>(bias),
-        static_cast<St *>(y), sp.splits, sp.partials, sp.counters, whole, maps);
-    return launch_error();
+    auto run = [&](auto even) {
+        constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas, decltype(even)::value>;
+        if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
+        const int64_t grid = even ? (plan.room < room ? plan.room : room) : (items < room ? items : room);
+        cudaGetLastError();
+        kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
+            src, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
+            static_cast<const St *>(bias), static_cast<St *>(y), sp.splits, sp.partials,
+            sp.counters, whole, maps);
+        return launch_error();
+    };
+    if constexpr (BN <= kStream90MaxM)  // (the even walk's plans: m <= kStream90MaxM)
+        if (sp.even) return run(std::true_type{});
+    return run(std::false_type{});
 }
 
 template <class T, int K>
@@ -1825,7 +1903,7 @@ struct Config {
 
 }  // namespace gg
 
-template <class T, class F, int BN>
+template <class T, class F, int BN, bool kEven>
 __global__ void __launch_bounds__(kTThreads, 1)
 gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                    const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
@@ -1845,7 +1923,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     const Ring &xr = rings.x, &wr = rings.w;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    const WorkItems items(m, n_out, k_in / gg::kStageK, BN, whole, splits);
+    const auto items = make_walk<kEven>(m, n_out, k_in / gg::kStageK, BN, whole, splits);
     if (tid == 0) rings.init();
     __syncthreads();
 
@@ -1874,8 +1952,8 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
     uint32_t a[2][2][4];  // A fragments of a chunk's two k16 steps, two chunks' buffers
     RingPos ws, xs;
     XHalves<C::kX> xh = rings.halves();
-    for (int64_t it = blockIdx.x; it < items.count(); it += gridDim.x) {
-        const WorkItems::Item item = items[it];
+    for (int64_t it = items.first(); it < items.end(); it += items.step()) {
+        const auto item = items[it];
         for (int q = 0; q < item.stages; ++q) {
             const int64_t gi = item.g_begin + q;
             const uint32_t ra = row_a + ws.slot * C::kW + mbar_wait(wr.full + 8 * ws.slot, ws.phase) +
@@ -1916,7 +1994,8 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
         }
         wgmma_wait<0>();
         fence_operands(acc);
-        store_item<T, BN>(acc, item, m, n_out, 1.0f, bias, y, partials, counters, staged_y, staging);
+        store_item<T, BN>(acc, items, item, m, n_out, 1.0f, bias, y, partials, counters, staged_y,
+                          staging);
     }
 }
 
@@ -1933,19 +2012,25 @@ cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t
     cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, blocks, wdims, wstrides, wbox);
     if (err != cudaSuccess) return err;
     if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
-    constexpr auto kernel = gguf_gemm90_kernel<T, F, BN>;
     int sms = 0;
-    if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess || (err = sm_count(&sms)) != cudaSuccess)
-        return err;
+    if ((err = sm_count(&sms)) != cudaSuccess) return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     const int64_t whole = sp.splits > 1 ? plan.whole : 0;
     const int64_t items = whole + (plan.tiles - whole) * sp.splits;
     using St = typename T::storage;
-    cudaGetLastError();
-    kernel<<<static_cast<unsigned>(items < sms ? items : sms), kTThreads, C::bytes(), stream>>>(
-        m, k_in, n_out, static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
-        sp.partials, sp.counters, whole, maps);
-    return launch_error();
+    auto run = [&](auto even) {  // (grids as the tiled GEMM's, one CTA an SM)
+        constexpr auto kernel = gguf_gemm90_kernel<T, F, BN, decltype(even)::value>;
+        if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
+        const int64_t grid = even ? (plan.room < sms ? plan.room : sms) : (items < sms ? items : sms);
+        cudaGetLastError();
+        kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
+            m, k_in, n_out, static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
+            sp.partials, sp.counters, whole, maps);
+        return launch_error();
+    };
+    if constexpr (BN <= kStream90MaxM)
+        if (sp.even) return run(std::true_type{});
+    return run(std::false_type{});
 }
 
 template <class T, class F>
