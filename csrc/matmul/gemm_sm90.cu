@@ -1203,6 +1203,12 @@ struct WorkItems {
 // items, one a tile its run meets. A tile's pieces are those of the CTAs whose runs meet
 // it; the first (its CTA's last item: the others are their CTAs' first) adds the others'
 // partial sums, each CTA's in its own workspace slot (gemm::sum_pieces).
+// Progress: unlike split k's (whose last split waits only on lower CTAs), a first piece
+// waits on higher ones, c + 1 and at most c + 2, and only for pieces that never wait
+// themselves (a CTA's first item, or a middle piece that is its whole run). So any two
+// CTAs resident at once make progress: the lowest waiter's CTAs either run or get the
+// place of one that finishes. The grid is at most the SMs' places (launch_tiled_bn,
+// launch_gguf_bn), so all are resident on an otherwise idle GPU.
 struct EvenItems {
     int64_t m, n_out, groups, units;
     int bn;
