@@ -201,8 +201,8 @@ def test_streamed_two_tiles_a_stage(rng, n_out):
 
 def test_gemm_even_walk(rng):
     """The persistent GEMMs' even walk (70 tiles of 128 rows on 132 CTAs: each CTA a run of
-    96 of the tiled GEMM's stages at m = 64, or 48 of the GGUF GEMM's at m = 20; a tile in
-    two or three pieces, the first adding the others' partial sums)."""
+    about 51 of the tiled GEMM's 96 stages a tile at m = 64, or 25 of the GGUF GEMM's 48 at
+    m = 20; a tile in two or three pieces, the first adding the others' partial sums)."""
     _gguf_matmul(rng, "Q4_K", 8960, 12288, 20)
     _tiled_matmul(8960, 12288, 4, (64,))
 
@@ -248,11 +248,12 @@ def test_matmul_paths(rng, m):
         _assert_matmul(y, a, host_w, bias, name)
 
 
-@pytest.mark.parametrize("m", [12, 300])
+@pytest.mark.parametrize("m", [12, 24, 300])
 def test_tiled_gemm_wide(rng, m):
     """The tiled GEMM on sm_90 where only a large weight takes it: m = 12 from 8192 rows
-    of W (16 rows of x, two CTAs an SM), m = 300 with 66 row tiles of 128 (256 rows of x a
-    CTA, the producer's registers given to the consumers)."""
+    of W (16 rows of x, two CTAs an SM), m = 24 (32 rows of x: two CTAs an SM, its 66 row
+    tiles half the SMs), m = 300 with 66 row tiles of 128 (256 rows of x a CTA, the
+    producer's registers given to the consumers)."""
     _tiled_matmul(8448, 256, 4, (m,))
 
 

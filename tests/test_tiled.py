@@ -555,11 +555,12 @@ def test_gpu_streamed_gemm_shapes(rng, k):
     """m = 9..64 (on sm_90 the streamed wgmma GEMM: 16, 32 or 64 rows of x, partial in m;
     m <= 16 from 8192 rows of W): n_out off the CTA's 128 rows and below one row tile
     (warps without a tile), a last chunk group of one chunk, few tiles and long rows
-    (split k), every absmax format, fp16 and bf16 x, bias; through the C entry with the
+    (split k), every absmax format, fp16 and bf16 x, bias; at m = 17..32 one CTA an SM
+    on the small weights and two on 8500 rows (67 row tiles); through the C entry with the
     workspace and without it (one split), the workspace left zeroed; against the float64
     reference."""
     for i, (n_out, k_in) in enumerate(((2113, 1312), (131, 9216), (5, 4128), (300, 160),
-                                       (8200, 288))):
+                                       (8500, 288))):
         fmt = list(FORMATS)[(i + k) % 3]
         q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
         t = kbit.tile(on_cuda(q))
@@ -664,6 +665,44 @@ def test_gpu_gemm_even_walk(rng):
                                              dtype="float32")).cuda()
         wq = kg.GGUFTensor(torch.from_numpy(raw.reshape(-1)).cuda(), q4k, (n_out, k_in))
         check(wq, w32, gguf_m, torch.float16, f"Q4_K {n_out}x{k_in}")
+
+
+@requires_gpu
+def test_gpu_gemm_even_walk_entry():
+    """The even walk through the C entry (kbit_matmul_kbit_tiled) with a workspace and
+    without one (then the plain plan, a tile a CTA): 8500 x 12288 (67 tiles of 128 rows,
+    the last of 52; one CTA an SM at m = 33..64 on this weight: 132 runs of about 49 of a
+    tile's 96 stages of 128 k), m = 40 fp16 and 64 bf16, a bias; both against x times the
+    dequantized W in float32 on the GPU, and the workspace left zeroed (its slots and
+    counters)."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(31)
+    n_out, k_in, k, fmt = 8500, 12288, 4, "fp16"
+    w = torch.randn(n_out, k_in, device="cuda", generator=g)
+    q = kbit.quantize(w, k=k, absmax=fmt)
+    del w
+    t, w32 = kbit.tile(q), kbit.dequantize(q, dtype="float32")
+    stream = torch.cuda.current_stream().cuda_stream
+    for m, dtype in ((40, torch.float16), (64, torch.bfloat16)):
+        nbytes = workspace_bytes(m, k_in, n_out)
+        assert nbytes >= 132 * 64 * 128 * 4, f"m={m}: no even walk planned"
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        x = torch.randn(m, k_in, device="cuda", generator=g).to(dtype)
+        b = torch.randn(n_out, device="cuda", generator=g).to(dtype)
+        ref = x.float() @ w32.T + b.float()
+        name = "float16" if dtype == torch.float16 else "bfloat16"
+        for use_ws in (False, True):
+            y = torch.full((m, n_out), float("nan"), dtype=dtype, device="cuda")
+            status = function("kbit_matmul_kbit_tiled")(
+                x.data_ptr(), m, k_in, n_out, DT_ID[name], t.packed.data_ptr(),
+                t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
+                b.data_ptr(), y.data_ptr(), ws.data_ptr() if use_ws else None,
+                nbytes if use_ws else 0, stream)
+            assert status == S_OK
+            torch.cuda.synchronize()
+            err = float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
+            assert err <= TOL[name], f"m={m} ws={use_ws}: relative error {err:.3g}"
+            assert int(torch.count_nonzero(ws)) == 0, f"m={m}: the workspace was not left zeroed"
 
 
 @requires_gpu

@@ -975,8 +975,8 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    128-k stage into a W ring, x a 64-k half (BN rows of 128 bytes) into an x ring; each
 //    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
 //    barrier. The producer gives its registers to the consumers (setmaxnreg: 40 a thread,
-//    the consumers 232 with one CTA an SM, 96 with two: BN = 16 and 32, as the streamed
-//    GEMM, and 64 on large weights, tiled_ctas). At launch a whole warpgroup counts, so
+//    the consumers 232 with one CTA an SM, 96 with two: BN = 16, and 32 and 64 where the
+//    weight is large or (BN = 32) has many tiles, tiled_ctas). At launch a whole warpgroup counts, so
 //    with a producer warp alone ptxas allowed 168, and BN = 256 spilled and serialized
 //    its wgmmas; at 80 a thread BN = 16 and 32 spilled in the loop;
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
@@ -989,17 +989,25 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 // Rounding, scale shifts, split k and the epilogue are those of the kernels above.
 constexpr int kTThreads = kThreads90 + 128;  // + the producer warpgroup
 constexpr int kTMaxXRing = 8;
-// CTAs an SM: two for N = 16 and 32; for N = 64 (m = 33..64) two on weights of
-// kTiled90TwoCtaWeights or more, else one: four consumer warpgroups an SM hide more of the
-// decode's latency where the plan has enough work items for two CTAs on every SM
-// (8192x28672 and 28672x8192 m = 64: 96.4 / 104.3 against 87.6 / 87.7 us), but where it
-// does not the extra splits and the uneven second CTAs cost more (4096x4096, 14336x4096,
-// 4096x14336: 20.9 / 31.7 / 35.3 against 27.7 / 35.2 / 39.4; H100, bench/RESULTS.md
-// session 13).
+// CTAs an SM: two for N = 16; for N = 32 and 64 (m = 17..64) two on weights of
+// kTiled90TwoCtaWeights or more, and for N = 32 also where the tiles are half the SMs or
+// more, else one: four consumer warpgroups an SM hide more of the decode's latency where
+// the plan has enough work items for two CTAs on every SM (8192x28672 and 28672x8192 m =
+// 64: 96.4 / 104.3 against 87.6 / 87.7 us), but where it does not the extra splits and
+// the uneven second CTAs cost more (m = 64 on 4096x4096, 14336x4096, 4096x14336: 20.9 /
+// 31.7 / 35.3 against 27.7 / 35.2 / 39.4; H100, bench/RESULTS.md session 13). At N = 32 on
+// 4096-row weights (32 tiles: split 8 ways on two CTAs an SM, items of 8 stages of 64 k
+// on 4096x4096, against 4 ways of 16 on one, whose ring has the SM's shared memory) one
+// CTA measured 17.8-20.0 against 22.4-25.6 us at m = 24, 32 (4096x14336 28-34 against
+// 31-39); on 14336x4096 (112 tiles) 3-7% slower (session 27).
 constexpr int64_t kTiled90TwoCtaWeights = int64_t{1} << 27;
 inline int tiled_ctas(int64_t m, int64_t k_in, int64_t n_out) {
     if (m > kStream90MaxM) return 1;
-    return stream90_bm(m) <= 32 || n_out * k_in >= kTiled90TwoCtaWeights ? 2 : 1;
+    const int bm = stream90_bm(m);
+    const int64_t tiles = (n_out + kGemmRows - 1) / kGemmRows;  // (one tile of x: bm >= m)
+    return bm == 16 || n_out * k_in >= kTiled90TwoCtaWeights || (bm == 32 && 2 * tiles >= kTiled90Room)
+               ? 2
+               : 1;
 }
 
 // y from the accumulators (a split item's after their sum) through shared memory, where
@@ -1205,10 +1213,12 @@ struct WorkItems {
 // partial sums, each CTA's in its own workspace slot (gemm::sum_pieces).
 // Progress: unlike split k's (whose last split waits only on lower CTAs), a first piece
 // waits on higher ones, c + 1 and at most c + 2, and only for pieces that never wait
-// themselves (a CTA's first item, or a middle piece that is its whole run). So any two
-// CTAs resident at once make progress: the lowest waiter's CTAs either run or get the
-// place of one that finishes. The grid is at most the SMs' places (launch_tiled_bn,
-// launch_gguf_bn), so all are resident on an otherwise idle GPU.
+// themselves (a CTA's first item, or a middle piece that is its whole run). The grid is
+// at most the SMs' places (launch_tiled_bn, launch_gguf_bn), so on an otherwise idle GPU
+// all CTAs are resident at once. Where fewer fit (SMs shared with other work), it relies,
+// as split k does, on CTAs starting in order of their index: then any two places suffice
+// (the lowest waiter's CTAs either run or take the place of one that finishes); with a
+// single place the walk would wait forever (no cooperative launch guarantees more).
 struct EvenItems {
     int64_t m, n_out, groups, units;
     int bn;
@@ -1595,7 +1605,9 @@ cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k
     using Two = std::integral_constant<int, 2>;
     switch (plan.bm) {
     case 16: return launch(std::integral_constant<int, 16>{}, Two{});
-    case 32: return launch(std::integral_constant<int, 32>{}, Two{});
+    case 32:
+        return ctas == 2 ? launch(std::integral_constant<int, 32>{}, Two{})
+                         : launch(std::integral_constant<int, 32>{}, One{});
     case 64:
         return ctas == 2 ? launch(std::integral_constant<int, 64>{}, Two{})
                          : launch(std::integral_constant<int, 64>{}, One{});
