@@ -522,6 +522,18 @@ def test_gpu_e4m4_tensor_scale_product_underflows():
         check_accuracy(y, reference(x, w64, bias, "float16"), "float16", f"m={m}")
 
 
+def tiled_entry(t, k, fmt, x_t, b_t, y_t, dtype, ws=None, nbytes=0):
+    """kbit_matmul_kbit_tiled of the GPU tensors x_t (m x k_in), bias b_t and y_t with
+    tiled weight t on the current stream, ws (nbytes) its workspace or None; the status."""
+    import torch
+    (m, k_in), n_out = x_t.shape, y_t.shape[1]
+    return function("kbit_matmul_kbit_tiled")(
+        x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(), t.absmax.data_ptr(),
+        FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k, b_t.data_ptr(), y_t.data_ptr(),
+        None if ws is None else ws.data_ptr(), nbytes if ws is not None else 0,
+        torch.cuda.current_stream().cuda_stream)
+
+
 def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):
     """kbit_matmul_kbit_tiled of host x and bias (copied to the GPU) with tiled weight t,
     through the C entry without a workspace (one split) and with
@@ -533,15 +545,10 @@ def check_tiled_entry(t, k, fmt, x, bias, w64, dtype, what):
     y_ref = reference(x, w64, bias, dtype)
     nbytes = workspace_bytes(m, k_in, n_out)
     ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
     for use_ws in (False, True):
         y_t = poisoned_cuda((m, n_out), dtype)
-        status = function("kbit_matmul_kbit_tiled")(
-            x_t.data_ptr(), m, k_in, n_out, DT_ID[dtype], t.packed.data_ptr(),
-            t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
-            b_t.data_ptr(), y_t.data_ptr(), ws.data_ptr() if use_ws else None,
-            nbytes if use_ws else 0, stream)
-        assert status == S_OK
+        with_ws = (ws, nbytes) if use_ws else ()
+        assert tiled_entry(t, k, fmt, x_t, b_t, y_t, dtype, *with_ws) == S_OK
         torch.cuda.synchronize()
         check_accuracy(from_cuda(y_t, dtype), y_ref, dtype, f"{what} ws={use_ws}",
                        magnitude(x, w64, dtype))
@@ -682,7 +689,6 @@ def test_gpu_gemm_even_walk_entry():
     q = kbit.quantize(w, k=k, absmax=fmt)
     del w
     t, w32 = kbit.tile(q), kbit.dequantize(q, dtype="float32")
-    stream = torch.cuda.current_stream().cuda_stream
     for m, dtype in ((40, torch.float16), (64, torch.bfloat16)):
         nbytes = workspace_bytes(m, k_in, n_out)
         assert nbytes >= 132 * 64 * 128 * 4, f"m={m}: no even walk planned"
@@ -693,12 +699,7 @@ def test_gpu_gemm_even_walk_entry():
         name = "float16" if dtype == torch.float16 else "bfloat16"
         for use_ws in (False, True):
             y = torch.full((m, n_out), float("nan"), dtype=dtype, device="cuda")
-            status = function("kbit_matmul_kbit_tiled")(
-                x.data_ptr(), m, k_in, n_out, DT_ID[name], t.packed.data_ptr(),
-                t.absmax.data_ptr(), FORMATS[fmt], ctypes.c_float(t.tensor_scale), None, k,
-                b.data_ptr(), y.data_ptr(), ws.data_ptr() if use_ws else None,
-                nbytes if use_ws else 0, stream)
-            assert status == S_OK
+            assert tiled_entry(t, k, fmt, x, b, y, name, *((ws, nbytes) if use_ws else ())) == S_OK
             torch.cuda.synchronize()
             err = float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
             assert err <= TOL[name], f"m={m} ws={use_ws}: relative error {err:.3g}"

@@ -261,9 +261,9 @@ constexpr int64_t kTiled90Room = 132;  // CTAs a wave (one an SM from m = 65)
 // G) of the U of all tiles in order. At m = 16 on 28672x8192 (224 tiles of 128 rows, 264
 // CTAs) split k leaves two tiles on 92 SMs, one on 40. Measured there (H100,
 // bench/RESULTS.md session 27) at m = 16..64: K = 2, 3, 5 and GGUF 1-10% faster, K = 4
-// 4% from m = 32, K = 4 m = 16 level, NF4 m = 16 6% slower. Runs of 54 stages (14336x4096 on 132 CTAs) measured
-// 5-20% slower than split k (ibid., run 5: each run's second item, its epilogue and
-// partial sums, costs more than the balance gains there).
+// 4% from m = 32, K = 4 m = 16 level, NF4 m = 16 6% slower. Runs of 54 stages (14336x4096
+// on 132 CTAs) measured 5-20% slower than split k (session 26, run 5: each run's second
+// item, its epilogue and partial sums, costs more than the balance gains there).
 constexpr double kEvenSlack = 1.08;
 constexpr int64_t kEvenMinStages = 96;
 inline GemmPlan even_walk(GemmPlan p, int64_t room) {

@@ -976,9 +976,9 @@ cudaError_t launch_streamed(const Src &src, const float *codebook, int k, const 
 //    slot has a full and an empty mbarrier, so consumers and producer never meet at a CTA
 //    barrier. The producer gives its registers to the consumers (setmaxnreg: 40 a thread,
 //    the consumers 232 with one CTA an SM, 96 with two: BN = 16, and 32 and 64 where the
-//    weight is large or (BN = 32) has many tiles, tiled_ctas). At launch a whole warpgroup counts, so
-//    with a producer warp alone ptxas allowed 168, and BN = 256 spilled and serialized
-//    its wgmmas; at 80 a thread BN = 16 and 32 spilled in the loop;
+//    weight is large or (BN = 32) has many tiles, tiled_ctas). At launch a whole
+//    warpgroup counts, so with a producer warp alone ptxas allowed 168, and BN = 256
+//    spilled and serialized its wgmmas; at 80 a thread BN = 16 and 32 spilled in the loop;
 //  - a consumer decodes a chunk (two k16 steps, 8 pairs) while the tensor cores multiply
 //    the one before (two A buffers, one wgmma group a chunk); it releases a W slot once
 //    its words are loaded and an x half once the wgmmas that read it are done;
@@ -1005,9 +1005,9 @@ inline int tiled_ctas(int64_t m, int64_t k_in, int64_t n_out) {
     if (m > kStream90MaxM) return 1;
     const int bm = stream90_bm(m);
     const int64_t tiles = (n_out + kGemmRows - 1) / kGemmRows;  // (one tile of x: bm >= m)
-    return bm == 16 || n_out * k_in >= kTiled90TwoCtaWeights || (bm == 32 && 2 * tiles >= kTiled90Room)
-               ? 2
-               : 1;
+    const bool two = bm == 16 || n_out * k_in >= kTiled90TwoCtaWeights ||
+                     (bm == 32 && 2 * tiles >= kTiled90Room);
+    return two ? 2 : 1;
 }
 
 // y from the accumulators (a split item's after their sum) through shared memory, where
