@@ -324,18 +324,32 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     assert err <= TOL["float16"], f"K={k} 17024x4672 m=8, x resident: relative error {err:.3g}"
 
 
-def streamed_gemv_kernels(run):
-    """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
-    kernel that run() launches, from the kernel names torch.profiler records."""
+def launched(run, pattern):
+    """The match groups of the regular expression `pattern` in the names of the CUDA
+    kernels that run() launches, as torch.profiler records them."""
     import re
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    pattern = re.compile(r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)>")
-    return [tuple(int(v) for v in m.groups())
-            for m in (pattern.search(e.name) for e in prof.events()) if m]
+    pattern = re.compile(pattern)
+    return [m.groups() for m in (pattern.search(e.name) for e in prof.events()) if m]
+
+
+def streamed_gemv_kernels(run):
+    """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
+    kernel that run() launches."""
+    return [tuple(int(v) for v in g) for g in
+            launched(run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)>")]
+
+
+def gemm90_kernels(run):
+    """(kernel, N, CTAs an SM, even walk) of each tiled or GGUF GEMM kernel of sm_90 that
+    run() launches ("tiled" or "gguf"; the GGUF GEMM's one CTA an SM has no parameter:
+    0)."""
+    return [(kind, int(n), int(ctas or 0), even == "true") for kind, n, ctas, even in launched(
+        run, r"(tiled|gguf)_gemm90_kernel<.*?, (\d+)(?:, (\d+))?, (true|false)>")]
 
 
 @requires_gpu
@@ -651,7 +665,11 @@ def test_gpu_gemm_even_walk(rng):
         assert workspace_bytes(m, k_in, n_out) >= 132 * 16 * 128 * 4, f"{what}: no even walk"
         x = torch.randn(m, k_in, device="cuda", generator=g).to(dtype)
         b = torch.randn(n_out, device="cuda", generator=g).to(dtype)
-        y = kbit.matmul(x, wq, b)
+        out = []
+        kernels = gemm90_kernels(lambda: out.append(kbit.matmul(x, wq, b)))
+        assert kernels and all(even for *_, even in kernels), \
+            f"{what} m={m}: not the even walk: {kernels}"
+        y = out[0]
         ref = x.float() @ w32.T + b.float()
         err = float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
         tol = TOL["float16" if dtype == torch.float16 else "bfloat16"]
@@ -699,12 +717,37 @@ def test_gpu_gemm_even_walk_entry():
         name = "float16" if dtype == torch.float16 else "bfloat16"
         for use_ws in (False, True):
             y = torch.full((m, n_out), float("nan"), dtype=dtype, device="cuda")
-            assert tiled_entry(t, k, fmt, x, b, y, name, *((ws, nbytes) if use_ws else ())) == S_OK
-            torch.cuda.synchronize()
+            status = []
+            kernels = gemm90_kernels(lambda: status.append(
+                tiled_entry(t, k, fmt, x, b, y, name, *((ws, nbytes) if use_ws else ()))))
+            assert status == [S_OK]
+            assert kernels == [("tiled", 64, 1, use_ws)], \
+                f"m={m} ws={use_ws}: {kernels}, not the {'even' if use_ws else 'plain'} walk"
             err = float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
             assert err <= TOL[name], f"m={m} ws={use_ws}: relative error {err:.3g}"
             assert int(torch.count_nonzero(ws)) == 0, f"m={m}: the workspace was not left zeroed"
 
+
+@requires_gpu
+def test_gpu_tiled_gemm_ctas():
+    """CTAs an SM of the tiled GEMM (tiled_ctas): two at N = 16; at N = 32 two where the
+    row tiles are half the SMs or more (8500 rows: 67) and one below (2113 rows: 17); at
+    N = 64 one below 2^27 weights. K = 4, E4M4 scales, fp16 x, made on the GPU, against x
+    times the dequantized W in float32."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(37)
+    for n_out, k_in, cases in ((8500, 288, ((16, 16, 2), (24, 32, 2))),
+                               (2113, 1312, ((32, 32, 1), (64, 64, 1)))):
+        q = kbit.quantize(torch.randn(n_out, k_in, device="cuda", generator=g), k=4)
+        t, w32 = kbit.tile(q), kbit.dequantize(q, dtype="float32")
+        for m, n, ctas in cases:
+            x = torch.randn(m, k_in, device="cuda", generator=g).half()
+            out = []
+            kernels = gemm90_kernels(lambda: out.append(kbit.matmul(x, t)))
+            assert kernels == [("tiled", n, ctas, False)], f"{n_out}x{k_in} m={m}: {kernels}"
+            ref = x.float() @ w32.T
+            err = float(torch.linalg.norm(out[0].float() - ref) / torch.linalg.norm(ref))
+            assert err <= TOL["float16"], f"{n_out}x{k_in} m={m}: relative error {err:.3g}"
 
 @requires_gpu
 @pytest.mark.parametrize("k", [2, 5])

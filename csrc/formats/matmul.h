@@ -162,6 +162,16 @@ inline int gemm_bm(int64_t m) { return m <= 16 ? 16 : m <= 64 ? 32 : 128; }
 // split_tiles of p's tiles (the last ones) split k in up to room / split_tiles ways, at
 // least 2 and 8 stages each, at most 16: p with its splits and workspace (partial sums
 // and a counter a split tile), or p unchanged where no split fits.
+// The output tiles of bm rows of x by kGemmRows rows of W.
+KBIT_HD int64_t gemm_tiles(int64_t m, int64_t n_out, int64_t bm) {
+    return ((m + bm - 1) / bm) * ((n_out + kGemmRows - 1) / kGemmRows);
+}
+// A workspace (split k, the even walk): `slots` partial tiles of bm x kGemmRows floats,
+// then an arrival counter a tile, padded to 16 bytes.
+inline int64_t partial_bytes(int64_t slots, int64_t bm) { return slots * bm * kGemmRows * 4; }
+inline int64_t workspace_for(int64_t slots, int64_t bm, int64_t tiles) {
+    return partial_bytes(slots, bm) + (tiles * 4 + 15) / 16 * 16;
+}
 inline GemmPlan split_last(GemmPlan p, int64_t room, int64_t split_tiles) {
     int64_t s = room / split_tiles;
     if (s > p.stages / 8) s = p.stages / 8;
@@ -169,13 +179,13 @@ inline GemmPlan split_last(GemmPlan p, int64_t room, int64_t split_tiles) {
     if (s < 2) return p;
     p.whole = p.tiles - split_tiles;
     p.splits = static_cast<int>(s);
-    p.workspace = split_tiles * s * p.bm * kGemmRows * 4 + (split_tiles * 4 + 15) / 16 * 16;
+    p.workspace = workspace_for(split_tiles * s, p.bm, split_tiles);
     return p;
 }
 inline GemmPlan plan_for(int bm, int64_t room, int64_t m, int64_t k_in, int64_t n_out) {
     GemmPlan p;
     p.bm = bm;
-    p.tiles = ((m + p.bm - 1) / p.bm) * ((n_out + kGemmRows - 1) / kGemmRows);
+    p.tiles = gemm_tiles(m, n_out, p.bm);
     p.stages = (k_in + kGemmStageK - 1) / kGemmStageK;
     return split_last(p, room, p.tiles);
 }
@@ -273,11 +283,12 @@ inline GemmPlan even_walk(GemmPlan p, int64_t room) {
         busiest <= kEvenSlack * static_cast<double>(p.tiles) / room)
         return p;
     p.splits = 1, p.whole = 0, p.even = true, p.room = room;
-    p.workspace = room * p.bm * kGemmRows * 4 + (p.tiles * 4 + 15) / 16 * 16;
+    p.workspace = workspace_for(room, p.bm, p.tiles);
     return p;
 }
 inline GemmPlan tiled90_plan(int64_t m, int64_t k_in, int64_t n_out, int ctas) {
-    if (m <= kStream90MaxM) return even_walk(stream90_plan(m, k_in, n_out, ctas), 132 * ctas);
+    if (m <= kStream90MaxM)
+        return even_walk(stream90_plan(m, k_in, n_out, ctas), kTiled90Room * ctas);
     GemmPlan p = gemm90_plan(m, k_in, n_out, 256, kTiled90MinTiles256);
     const int64_t tail = p.tiles % kTiled90Room;
     if (p.splits > 1 || p.tiles < kTiled90Room || tail == 0 || 2 * tail > kTiled90Room) return p;

@@ -1001,7 +1001,7 @@ inline SplitArgs split_args(const GemmPlan &plan, int bm, void *workspace, size_
     // (tiled90_plan: only tiles [whole, tiles) split; the even walk: a slot a CTA)
     const int64_t slots = plan.even ? plan.room : (plan.tiles - plan.whole) * a.splits;
     a.counters = reinterpret_cast<unsigned *>(static_cast<uint8_t *>(workspace) +
-                                              slots * bm * kGemmRows * 4);
+                                              partial_bytes(slots, bm));
     return a;
 }
 

@@ -1004,9 +1004,8 @@ constexpr int64_t kTiled90TwoCtaWeights = int64_t{1} << 27;
 inline int tiled_ctas(int64_t m, int64_t k_in, int64_t n_out) {
     if (m > kStream90MaxM) return 1;
     const int bm = stream90_bm(m);
-    const int64_t tiles = (n_out + kGemmRows - 1) / kGemmRows;  // (one tile of x: bm >= m)
     const bool two = bm == 16 || n_out * k_in >= kTiled90TwoCtaWeights ||
-                     (bm == 32 && 2 * tiles >= kTiled90Room);
+                     (bm == 32 && 2 * gemm_tiles(m, n_out, bm) >= kTiled90Room);
     return two ? 2 : 1;
 }
 
@@ -1183,7 +1182,7 @@ struct WorkItems {
     __device__ WorkItems(int64_t m_, int64_t n_out_, int64_t groups_, int bn_, int64_t whole_,
                          int splits_)
         : m(m_), n_out(n_out_), groups(groups_), whole(whole_), splits(splits_), bn(bn_) {
-        split_tiles = ((m + bn - 1) / bn) * ((n_out + kGemmRows - 1) / kGemmRows) - whole;
+        split_tiles = gemm_tiles(m, n_out, bn) - whole;
     }
     static constexpr bool kEven = false;
     __device__ int64_t count() const { return whole + split_tiles * splits; }
@@ -1233,7 +1232,7 @@ struct EvenItems {
     static constexpr bool kEven = true;
     __device__ EvenItems(int64_t m_, int64_t n_out_, int64_t groups_, int bn_)
         : m(m_), n_out(n_out_), groups(groups_), bn(bn_) {
-        units = ((m + bn - 1) / bn) * ((n_out + kGemmRows - 1) / kGemmRows) * groups;
+        units = gemm_tiles(m, n_out, bn) * groups;
     }
     __device__ int64_t run_at(int64_t c) const { return c * units / gridDim.x; }  // CTA c's first unit
     __device__ int64_t cta_of(int64_t u) const {  // the CTA whose run holds unit u
@@ -1555,6 +1554,22 @@ cudaError_t x_halves_map(CUtensorMap *map, const void *x, int64_t m, int64_t k_i
                       CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// A persistent GEMM's launch (tiled, GGUF): its grid, one CTA a work item (tile, split)
+// or the even walk's plan's CTAs (a workspace slot each), at most the SMs' `room`; and
+// run(std::true_type) for the even walk's plans (m <= kStream90MaxM), else
+// run(std::false_type).
+inline int64_t persistent_grid(const GemmPlan &plan, const gemm::SplitArgs &sp, int64_t room) {
+    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
+    const int64_t want = sp.even ? plan.room : whole + (plan.tiles - whole) * sp.splits;
+    return want < room ? want : room;
+}
+template <int BN, class Run>
+cudaError_t on_walk(const gemm::SplitArgs &sp, Run &&run) {
+    if constexpr (BN <= kStream90MaxM)
+        if (sp.even) return run(std::true_type{});
+    return run(std::false_type{});
+}
+
 template <class T, int K, int BN, int kCtas>
 cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, int k,
                             const void *x, int64_t m, int64_t k_in, int64_t n_out,
@@ -1566,29 +1581,22 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
     if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
-    // one CTA a work item (tile, split), at most as many as the SMs hold; the even walk's
-    // on as many CTAs as the SMs hold, at most the plan's (a workspace slot each)
     int sms = 0;
     if ((err = sm_count(&sms)) != cudaSuccess) return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     const int64_t whole = sp.splits > 1 ? plan.whole : 0;
-    const int64_t items = whole + (plan.tiles - whole) * sp.splits,
-                  room = static_cast<int64_t>(sms) * kCtas;
+    const int64_t grid = persistent_grid(plan, sp, static_cast<int64_t>(sms) * kCtas);
     using St = typename T::storage;
-    auto run = [&](auto even) {
+    return on_walk<BN>(sp, [&](auto even) {
         constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas, decltype(even)::value>;
         if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
-        const int64_t grid = even ? (plan.room < room ? plan.room : room) : (items < room ? items : room);
         cudaGetLastError();
         kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
             src, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits, sp.partials,
             sp.counters, whole, maps);
         return launch_error();
-    };
-    if constexpr (BN <= kStream90MaxM)  // (the even walk's plans: m <= kStream90MaxM)
-        if (sp.even) return run(std::true_type{});
-    return run(std::false_type{});
+    });
 }
 
 template <class T, int K>
@@ -2034,21 +2042,17 @@ cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t
     if ((err = sm_count(&sms)) != cudaSuccess) return err;
     const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
     const int64_t whole = sp.splits > 1 ? plan.whole : 0;
-    const int64_t items = whole + (plan.tiles - whole) * sp.splits;
+    const int64_t grid = persistent_grid(plan, sp, sms);  // (one CTA an SM)
     using St = typename T::storage;
-    auto run = [&](auto even) {  // (grids as the tiled GEMM's, one CTA an SM)
+    return on_walk<BN>(sp, [&](auto even) {
         constexpr auto kernel = gguf_gemm90_kernel<T, F, BN, decltype(even)::value>;
         if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
-        const int64_t grid = even ? (plan.room < sms ? plan.room : sms) : (items < sms ? items : sms);
         cudaGetLastError();
         kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
             m, k_in, n_out, static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
             sp.partials, sp.counters, whole, maps);
         return launch_error();
-    };
-    if constexpr (BN <= kStream90MaxM)
-        if (sp.even) return run(std::true_type{});
-    return run(std::false_type{});
+    });
 }
 
 template <class T, class F>
