@@ -1169,6 +1169,12 @@ __device__ __forceinline__ uint32_t gathered_entry(const uint32_t (&w)[K], int r
     else return field_entry<K>(w, 4 * r, table);
 }
 
+// The pieces of an item's output tile whose partial sums meet (gemm::sum_pieces): their
+// slots from part0 (piece p's part0 + p), their arrival counter, this item's piece.
+struct Pieces {
+    int64_t part0, counter;
+    int piece, pieces;
+};
 // The work items of a persistent GEMM, gridDim.x apart: tiles [0, whole) whole, then
 // (tile, split) of the other tiles, split-major (`slot`: the tile's place in the
 // workspace); an item's stages are its split's share of the row's `groups` stages of k.
@@ -1184,8 +1190,11 @@ struct WorkItems {
         : m(m_), n_out(n_out_), groups(groups_), whole(whole_), splits(splits_), bn(bn_) {
         split_tiles = gemm_tiles(m, n_out, bn) - whole;
     }
-    static constexpr bool kEven = false;
+    static constexpr bool kEven = false;  // (split k: the last split adds the others')
     __device__ int64_t count() const { return whole + split_tiles * splits; }
+    __device__ Pieces pieces(const Item &w) const {
+        return {w.slot * w.splits, w.slot, w.split, w.splits};
+    }
     // the CTA's items: first(), first() + step(), ... before end()
     __device__ int64_t first() const { return blockIdx.x; }
     __device__ int64_t end() const { return count(); }
@@ -1225,11 +1234,7 @@ struct EvenItems {
         int64_t tile, n0, m0;
         int g_begin, stages;
     };
-    struct Pieces {
-        int64_t part0;  // the first piece's CTA (its slot; piece p's is part0 + p)
-        int piece, pieces;
-    };
-    static constexpr bool kEven = true;
+    static constexpr bool kEven = true;  // (a tile's first piece adds the others')
     __device__ EvenItems(int64_t m_, int64_t n_out_, int64_t groups_, int bn_)
         : m(m_), n_out(n_out_), groups(groups_), bn(bn_) {
         units = gemm_tiles(m, n_out, bn) * groups;
@@ -1251,9 +1256,9 @@ struct EvenItems {
         w.n0 = origin.n0, w.m0 = origin.m0;
         return w;
     }
-    __device__ Pieces pieces(int64_t tile) const {
-        const int64_t t0 = tile * groups, c0 = cta_of(t0);
-        return {c0, static_cast<int>(blockIdx.x - c0),
+    __device__ Pieces pieces(const Item &w) const {  // (a slot a CTA: part0 the first's)
+        const int64_t t0 = w.tile * groups, c0 = cta_of(t0);
+        return {c0, w.tile, static_cast<int>(blockIdx.x - c0),
                 static_cast<int>(cta_of(t0 + groups - 1) - c0 + 1)};
     }
 };
@@ -1340,18 +1345,12 @@ __device__ __forceinline__ void store_item(float (&acc)[BN / 2], const Items &it
                                            const typename T::storage *__restrict__ bias,
                                            typename T::storage *__restrict__ y, float *partials,
                                            unsigned *counters, bool staged_y, uint32_t staging) {
-    if constexpr (Items::kEven) {
-        const EvenItems::Pieces p = items.pieces(item.tile);
-        if (p.pieces > 1 &&
-            !gemm::sum_pieces<BN / 2, kThreads90, true>(acc, p.part0, item.tile, p.piece,
-                                                        p.pieces, partials, counters,
-                                                        ConsumerSync{}))
-            return;
-    } else if (item.splits > 1 &&
-               !gemm::sum_splits<BN / 2, kThreads90>(acc, item.slot, item.split, item.splits,
-                                                     partials, counters, ConsumerSync{})) {
+    const Pieces p = items.pieces(item);
+    if (p.pieces > 1 &&
+        !gemm::sum_pieces<BN / 2, kThreads90, Items::kEven>(acc, p.part0, p.counter, p.piece,
+                                                            p.pieces, partials, counters,
+                                                            ConsumerSync{}))
         return;
-    }
     if (staged_y)  // (false where BN < 64)
         store_tile_staged<T, BN>(acc, item.n0, item.m0, m, n_out, out_mul, bias, y, staging);
     else
