@@ -1906,9 +1906,20 @@ template <> struct Of<gguf::Q4_K> { using type = QK45G<false>; };
 template <> struct Of<gguf::Q5_K> { using type = QK45G<true>; };
 template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
 
+// x halves in flight at most (the W ring: a stage for every four, and one): 8, three W
+// stages of 256 k; Q4_K at N <= 32 12, four (H100, fp16 x, m = 16 / 32: 28672x8192 and
+// 8192x28672 72.0-76.6 against 75.0-79.1 us, 4096x14336 level; Q6_K and Q8_0 1-3% slower
+// or level with 12, m = 64 mixed; 4, two stages, 13-26% slower everywhere; on an H200 16
+// and 24 halves 3-8% slower than 8: bench/RESULTS.md, session 28). Q5_K and bf16 x not
+// measured.
+template <class T, class F, int BN>
+constexpr int max_x_ring() {
+    return std::is_same_v<T, F16> && std::is_same_v<F, QK45G<false>> && BN <= 32 ? 12 : kTMaxXRing;
+}
+
 // Shared memory: [x ring: RX halves of BN rows of 128 bytes][W ring: RW stages of 128 rows
 // of kBox bytes][epilogue staging]; a W stage covers four x halves.
-template <class F, int BN>
+template <class T, class F, int BN>
 struct Config {
     static constexpr int kX = BN * kRowBytes;
     static constexpr int kW = (kGemmRows * F::kBox + 1023) / 1024 * 1024;
@@ -1917,7 +1928,7 @@ struct Config {
     }
     static constexpr int kBudget = kSmem - kStatic;
     static constexpr int ring() {
-        int r = kTMaxXRing;
+        int r = max_x_ring<T, F, BN>();
         while (r > 4 && bytes_for(r) > kBudget) r -= 2;
         return r;
     }
@@ -1934,7 +1945,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                    const typename T::storage *__restrict__ bias, typename T::storage *__restrict__ y,
                    int splits, float *__restrict__ partials, unsigned *__restrict__ counters,
                    int64_t whole, const __grid_constant__ StreamMaps maps) {
-    using C = gg::Config<F, BN>;
+    using C = gg::Config<T, F, BN>;
     static_assert(C::kBuilt, "the rings fit");
     constexpr int RX = C::kXRing, RW = C::kWRing;
     constexpr int kAcc = BN / 2;
@@ -2028,7 +2039,7 @@ template <class T, class F, int BN>
 cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t k_in,
                            int64_t n_out, const void *bias, void *y, const GemmPlan &plan,
                            void *workspace, size_t workspace_bytes, cudaStream_t stream) {
-    using C = gg::Config<F, BN>;
+    using C = gg::Config<T, F, BN>;
     StreamMaps maps;
     const int64_t row_bytes = k_in / gg::kStageK * F::kStageBytes;
     const cuuint64_t wdims[2] = {static_cast<cuuint64_t>(row_bytes / 4), static_cast<cuuint64_t>(n_out)},
