@@ -1553,14 +1553,29 @@ cudaError_t x_halves_map(CUtensorMap *map, const void *x, int64_t m, int64_t k_i
                       CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// A persistent GEMM's launch (tiled, GGUF): its grid, one CTA a work item (tile, split)
-// or the even walk's plan's CTAs (a workspace slot each), at most the SMs' `room`; and
+// A persistent GEMM's launch (tiled, GGUF): x's map (halves of BN rows), the split
+// arguments, the tiles left whole, and the grid: one CTA a work item (tile, split) or the
+// even walk's plan's CTAs (a workspace slot each), at most kCtas an SM; and
 // run(std::true_type) for the even walk's plans (m <= kStream90MaxM), else
 // run(std::false_type).
-inline int64_t persistent_grid(const GemmPlan &plan, const gemm::SplitArgs &sp, int64_t room) {
-    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
-    const int64_t want = sp.even ? plan.room : whole + (plan.tiles - whole) * sp.splits;
-    return want < room ? want : room;
+struct PersistentLaunch {
+    gemm::SplitArgs sp;
+    int64_t whole, grid;
+};
+template <int BN>
+cudaError_t persistent_launch(const GemmPlan &plan, const void *x, int64_t m, int64_t k_in,
+                              void *workspace, size_t workspace_bytes, int ctas,
+                              StreamMaps &maps, PersistentLaunch &l) {
+    cudaError_t err = x_halves_map(&maps.x, x, m, k_in, BN);
+    if (err != cudaSuccess) return err;
+    int sms = 0;
+    if ((err = sm_count(&sms)) != cudaSuccess) return err;
+    l.sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
+    l.whole = l.sp.splits > 1 ? plan.whole : 0;
+    const int64_t want = l.sp.even ? plan.room : l.whole + (plan.tiles - l.whole) * l.sp.splits;
+    const int64_t room = static_cast<int64_t>(sms) * ctas;
+    l.grid = want < room ? want : room;
+    return cudaSuccess;
 }
 template <int BN, class Run>
 cudaError_t on_walk(const gemm::SplitArgs &sp, Run &&run) {
@@ -1579,21 +1594,19 @@ cudaError_t launch_tiled_bn(const TiledSrc<T, K> &src, const float *codebook, in
     StreamMaps maps;
     cudaError_t err = source_maps(src, k_in, n_out, maps);
     if (err != cudaSuccess) return err;
-    if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
-    int sms = 0;
-    if ((err = sm_count(&sms)) != cudaSuccess) return err;
-    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
-    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
-    const int64_t grid = persistent_grid(plan, sp, static_cast<int64_t>(sms) * kCtas);
+    PersistentLaunch l;
+    err = persistent_launch<BN>(plan, x, m, k_in, workspace, workspace_bytes, kCtas, maps, l);
+    if (err != cudaSuccess) return err;
+    const gemm::SplitArgs &sp = l.sp;
     using St = typename T::storage;
     return on_walk<BN>(sp, [&](auto even) {
         constexpr auto kernel = tiled_gemm90_kernel<T, Src, BN, kCtas, decltype(even)::value>;
         if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
         cudaGetLastError();
-        kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
+        kernel<<<static_cast<unsigned>(l.grid), kTThreads, C::bytes(), stream>>>(
             src, codebook, k, static_cast<const St *>(x), m, k_in, n_out,
             static_cast<const St *>(bias), static_cast<St *>(y), sp.splits, sp.partials,
-            sp.counters, whole, maps);
+            sp.counters, l.whole, maps);
         return launch_error();
     });
 }
@@ -1907,14 +1920,15 @@ template <> struct Of<gguf::Q5_K> { using type = QK45G<true>; };
 template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
 
 // x halves in flight at most (the W ring: a stage for every four, and one): 8, three W
-// stages of 256 k; Q4_K at N <= 32 12, four (H100, fp16 x, m = 16 / 32: 28672x8192 and
-// 8192x28672 72.0-76.6 against 75.0-79.1 us, 4096x14336 level; Q6_K and Q8_0 1-3% slower
-// or level with 12, m = 64 mixed; 4, two stages, 13-26% slower everywhere; on an H200 16
-// and 24 halves 3-8% slower than 8: bench/RESULTS.md, session 28). Q5_K and bf16 x not
-// measured.
+// stages of 256 k; Q4_K and Q5_K with fp16 x at N <= 32 12, four (H100, m = 16 / 32 on
+// 28672x8192 and 8192x28672: Q4_K 72.0-76.6 against 75.0-79.1 us, Q5_K 1-2% faster,
+// 4096x14336 level; Q6_K and Q8_0 1-3% slower or level with 12, m = 64 mixed, bf16 x
+// level to 3% slower; 4, two stages, 13-26% slower everywhere; on an H200 16 and 24
+// halves 3-8% slower than 8: bench/RESULTS.md, sessions 28 and 29).
 template <class T, class F, int BN>
 constexpr int max_x_ring() {
-    return std::is_same_v<T, F16> && std::is_same_v<F, QK45G<false>> && BN <= 32 ? 12 : kTMaxXRing;
+    constexpr bool k45 = std::is_same_v<F, QK45G<false>> || std::is_same_v<F, QK45G<true>>;
+    return std::is_same_v<T, F16> && k45 && BN <= 32 ? 12 : kTMaxXRing;
 }
 
 // Shared memory: [x ring: RX halves of BN rows of 128 bytes][W ring: RW stages of 128 rows
@@ -2047,20 +2061,18 @@ cudaError_t launch_gguf_bn(const void *blocks, const void *x, int64_t m, int64_t
     const cuuint32_t wbox[2] = {F::kBox / 4, kGemmRows};
     cudaError_t err = tensor_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, blocks, wdims, wstrides, wbox);
     if (err != cudaSuccess) return err;
-    if ((err = x_halves_map(&maps.x, x, m, k_in, BN)) != cudaSuccess) return err;
-    int sms = 0;
-    if ((err = sm_count(&sms)) != cudaSuccess) return err;
-    const gemm::SplitArgs sp = gemm::split_args(plan, BN, workspace, workspace_bytes);
-    const int64_t whole = sp.splits > 1 ? plan.whole : 0;
-    const int64_t grid = persistent_grid(plan, sp, sms);  // (one CTA an SM)
+    PersistentLaunch l;  // (one CTA an SM)
+    err = persistent_launch<BN>(plan, x, m, k_in, workspace, workspace_bytes, 1, maps, l);
+    if (err != cudaSuccess) return err;
+    const gemm::SplitArgs &sp = l.sp;
     using St = typename T::storage;
     return on_walk<BN>(sp, [&](auto even) {
         constexpr auto kernel = gguf_gemm90_kernel<T, F, BN, decltype(even)::value>;
         if ((err = allow_smem<kernel>(C::bytes())) != cudaSuccess) return err;
         cudaGetLastError();
-        kernel<<<static_cast<unsigned>(grid), kTThreads, C::bytes(), stream>>>(
+        kernel<<<static_cast<unsigned>(l.grid), kTThreads, C::bytes(), stream>>>(
             m, k_in, n_out, static_cast<const St *>(bias), static_cast<St *>(y), sp.splits,
-            sp.partials, sp.counters, whole, maps);
+            sp.partials, sp.counters, l.whole, maps);
         return launch_error();
     });
 }
