@@ -1720,7 +1720,8 @@ struct Affine<BF16> {
 // of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
 // all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
 // loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
-// 2h + u's codes [st][e] and scale groups [st].
+// 2h + u's codes [st][e] and scale groups [st]; kDeepXRing: a deeper ring measured faster
+// (gg::max_x_ring).
 //
 // Q4_0 and Q8_0: eight 32-element blocks of an fp16 d and codes; Codes::load(q, t, c)
 // gives the lane's code words [st][e] of the block whose codes start at q; value
@@ -1730,7 +1731,7 @@ struct Block32G {
     using Fmt = typename Codes::Fmt;
     static constexpr int kStageBytes = 8 * Fmt::kBytes, kBox = kStageBytes, kSpan = 1;
     static constexpr int kOff = Codes::kOff;
-    static constexpr bool kMin = false;
+    static constexpr bool kMin = false, kDeepXRing = false;
     struct Row {};
     struct Half {
         uint32_t q[2][2][2], d[2];  // [u][st][e]
@@ -1794,7 +1795,7 @@ struct QK45G {
     using Fmt = gguf::QK_45<kFifthBit>;
     static constexpr int kStageBytes = kFifthBit ? 176 : 144, kBox = kStageBytes, kSpan = 1, kOff = 0;
     static constexpr int kQs = kFifthBit ? 48 : 16;
-    static constexpr bool kMin = true;
+    static constexpr bool kMin = true, kDeepXRing = true;
     struct Row {
         uint4 h;             // d, dmin, scales[12]
         uint32_t qh[2][2];   // [st][e] (Q5_K)
@@ -1854,7 +1855,7 @@ struct QK45G {
 struct Q6_KG {
     using Fmt = gguf::Q6_K;
     static constexpr int kStageBytes = 210, kBox = 240, kSpan = 2, kOff = 32;
-    static constexpr bool kMin = false;
+    static constexpr bool kMin = false, kDeepXRing = false;
     struct Row {
         uint32_t sc[8];  // scale bytes 2i, 2i + 1
         float d;
@@ -1920,15 +1921,15 @@ template <> struct Of<gguf::Q5_K> { using type = QK45G<true>; };
 template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
 
 // x halves in flight at most (the W ring: a stage for every four, and one): 8, three W
-// stages of 256 k; Q4_K and Q5_K with fp16 x at N <= 32 12, four (H100, m = 16 / 32 on
-// 28672x8192 and 8192x28672: Q4_K 72.0-76.6 against 75.0-79.1 us, Q5_K 1-2% faster,
-// 4096x14336 level; Q6_K and Q8_0 1-3% slower or level with 12, m = 64 mixed, bf16 x
-// level to 3% slower; 4, two stages, 13-26% slower everywhere; on an H200 16 and 24
-// halves 3-8% slower than 8: bench/RESULTS.md, sessions 28 and 29).
+// stages of 256 k; 12, four, for decoders with kDeepXRing (Q4_K, Q5_K) with fp16 x at N
+// <= 32 (H100, m = 16 / 32 on 28672x8192 and 8192x28672: Q4_K 72.0-76.6 against
+// 75.0-79.1 us, Q5_K 1-2% faster, 4096x14336 level; Q6_K and Q8_0 1-3% slower or level
+// with 12, m = 64 mixed, bf16 x level to 3% slower; 4, two stages, 13-26% slower
+// everywhere; on an H200 16 and 24 halves 3-8% slower than 8: bench/RESULTS.md,
+// sessions 28 and 29).
 template <class T, class F, int BN>
 constexpr int max_x_ring() {
-    constexpr bool k45 = std::is_same_v<F, QK45G<false>> || std::is_same_v<F, QK45G<true>>;
-    return std::is_same_v<T, F16> && k45 && BN <= 32 ? 12 : kTMaxXRing;
+    return std::is_same_v<T, F16> && F::kDeepXRing && BN <= 32 ? 12 : kTMaxXRing;
 }
 
 // Shared memory: [x ring: RX halves of BN rows of 128 bytes][W ring: RW stages of 128 rows
