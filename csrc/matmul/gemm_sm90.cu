@@ -1651,8 +1651,8 @@ cudaError_t launch_tiled(const TiledSrc<T, K> &src, const float *codebook, int k
 // the nibbles or bits of such bytes), which the lane loads as they are (LDS.U16) and
 // spreads to the low bytes of a pair's halves. A pair is then (q - off) a + b for its scale
 // group: a and b in float32 from d, dmin and the sub-block scales (exactly ggml's products);
-// fp16 in packed halves (a and b rounded to fp16, one fma: three roundings, ~1e-3 of W's
-// size), bf16 in float32 and rounded once.
+// in packed halves of T (a and b rounded to T, one fma: three roundings, ~1e-3 of W's size
+// in fp16), but for Q8_0 with bf16 x (codes past bf16's mantissa: float32, rounded once).
 namespace gg {
 
 constexpr int kStageK = 256;  // elements of k a W stage
@@ -1676,11 +1676,13 @@ __device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t m
     return lop3<0xF8>(c, v, mask);  // a | (b & c)
 }
 
-// value = (q - kOff) a + b for a pair of codes (words with_exponent gives), as a pair of T.
-template <class T>
+// value = (q - kOff) a + b for a pair of codes (words with_exponent gives), as a pair of T;
+// kBits: the codes' width.
+template <class T, int kBits>
 struct Affine;
-template <>
-struct Affine<F16> {
+template <int kBits>
+struct Affine<F16, kBits> {
+    static_assert(kBits <= 8, "codes under fp16's 1024 exponent (with_exponent)");
     uint32_t a, b;
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     // a = d (fp16 bits), b = 0
@@ -1702,8 +1704,27 @@ struct Affine<F16> {
         return kMin ? hfma2<F16>(q, a, b) : hmul2<F16>(q, a);
     }
 };
+// bf16, codes of up to 7 bits: the same words read as bf16 are 2^66 (128 + c) (0x64 and
+// the code's top bit are the exponent, c < 128 the 7 mantissa bits), so q - kOff is one
+// exact HADD2 to 2^66 (c - kOff), and a is kept as bf16(a 2^-66) = 2^-66 bf16(a): then
+// one HFMA2, as for fp16. Three roundings (a, b and the sum; float32 rounds only the sum),
+// each within bf16's own 2^-9.
+template <int kBits>
+struct Affine<BF16, kBits> {
+    static_assert(kBits <= 7, "codes within bf16's mantissa (8-bit codes: Affine<BF16, 8>)");
+    uint32_t a, b;
+    __device__ static Affine of(float a, float b) { return {splat<BF16>(a * 0x1p-66f), splat<BF16>(b)}; }
+    __device__ static Affine of_half(uint32_t d) { return of(f16_bits_to_f32(static_cast<uint16_t>(d)), 0.0f); }
+    template <int kOff, bool kMin>
+    __device__ uint32_t value(uint32_t codes) const {
+        const uint32_t q = hadd2<BF16>(codes, splat<BF16>(-0x1p66f * (128 + kOff)));  // exact
+        return kMin ? hfma2<BF16>(q, a, b) : hmul2<BF16>(q, a);
+    }
+};
+// bf16, 8-bit codes (Q8_0's 128 + q reaches 255, past bf16's mantissa): in float32,
+// rounded once.
 template <>
-struct Affine<BF16> {
+struct Affine<BF16, 8> {
     float a, b;
     __device__ static Affine of(float a, float b) { return {a, b}; }
     __device__ static Affine of_half(uint32_t d) { return {f16_bits_to_f32(static_cast<uint16_t>(d)), 0.0f}; }
@@ -1720,8 +1741,8 @@ struct Affine<BF16> {
 // of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
 // all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
 // loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
-// 2h + u's codes [st][e] and scale groups [st]; kDeepXRing: a deeper ring measured faster
-// (gg::max_x_ring).
+// 2h + u's codes [st][e] and scale groups [st]; kBits: the codes' width (Affine);
+// kDeepXRing: a deeper ring measured faster (gg::max_x_ring).
 //
 // Q4_0 and Q8_0: eight 32-element blocks of an fp16 d and codes; Codes::load(q, t, c)
 // gives the lane's code words [st][e] of the block whose codes start at q; value
@@ -1730,7 +1751,7 @@ template <class Codes>
 struct Block32G {
     using Fmt = typename Codes::Fmt;
     static constexpr int kStageBytes = 8 * Fmt::kBytes, kBox = kStageBytes, kSpan = 1;
-    static constexpr int kOff = Codes::kOff;
+    static constexpr int kOff = Codes::kOff, kBits = Codes::kBits;
     static constexpr bool kMin = false, kDeepXRing = false;
     struct Row {};
     struct Half {
@@ -1749,12 +1770,12 @@ struct Block32G {
     }
     template <class T>
     __device__ static void chunk(const Row &, const Half &w, int, int u, uint32_t (&c)[2][2],
-                                 Affine<T> (&f)[2]) {
+                                 Affine<T, kBits> (&f)[2]) {
 #pragma unroll
         for (int st = 0; st < 2; ++st)
 #pragma unroll
             for (int e = 0; e < 2; ++e) c[st][e] = w.q[u][st][e];
-        f[0] = f[1] = Affine<T>::of_half(w.d[u]);
+        f[0] = f[1] = Affine<T, kBits>::of_half(w.d[u]);
     }
 };
 
@@ -1762,7 +1783,7 @@ struct Block32G {
 // i - 16; offset 8.
 struct Q4_0Codes {
     using Fmt = gguf::Q4_0;
-    static constexpr int kOff = 8;
+    static constexpr int kOff = 8, kBits = 4;
     __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -1775,7 +1796,7 @@ struct Q4_0Codes {
 // Q8_0: int8 codes (byte ^ 0x80 is q + 128).
 struct Q8_0Codes {
     using Fmt = gguf::Q8_0;
-    static constexpr int kOff = 128;
+    static constexpr int kOff = 128, kBits = 8;
     __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
 #pragma unroll
         for (int st = 0; st < 2; ++st)
@@ -1794,7 +1815,7 @@ template <bool kFifthBit>
 struct QK45G {
     using Fmt = gguf::QK_45<kFifthBit>;
     static constexpr int kStageBytes = kFifthBit ? 176 : 144, kBox = kStageBytes, kSpan = 1, kOff = 0;
-    static constexpr int kQs = kFifthBit ? 48 : 16;
+    static constexpr int kQs = kFifthBit ? 48 : 16, kBits = kFifthBit ? 5 : 4;
     static constexpr bool kMin = true, kDeepXRing = true;
     struct Row {
         uint4 h;             // d, dmin, scales[12]
@@ -1823,7 +1844,7 @@ struct QK45G {
     }
     template <class T>
     __device__ static void chunk(const Row &r, const Half &w, int h, int u, uint32_t (&c)[2][2],
-                                 Affine<T> (&f)[2]) {
+                                 Affine<T, kBits> (&f)[2]) {
         const int s = 2 * h + u;  // sub-block
 #pragma unroll
         for (int st = 0; st < 2; ++st)
@@ -1838,11 +1859,11 @@ struct QK45G {
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
         if constexpr (std::is_same_v<T, F16>) {  // (sc, mn) times (d, -dmin) in one HMUL2
             const uint32_t j = s & 3;
-            f[0] = f[1] = Affine<T>::of_products(with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
+            f[0] = f[1] = Affine<T, kBits>::of_products(with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
                                                  r.h.x ^ 0x80000000u);
         } else {
             const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
-            f[0] = f[1] = Affine<T>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
+            f[0] = f[1] = Affine<T, kBits>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
                                         -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
         }
     }
@@ -1854,7 +1875,7 @@ struct QK45G {
 // 2) + l] (high nibble from r = 2), bits 2r of qh[32 hf + l]; value d sc (q - 32).
 struct Q6_KG {
     using Fmt = gguf::Q6_K;
-    static constexpr int kStageBytes = 210, kBox = 240, kSpan = 2, kOff = 32;
+    static constexpr int kStageBytes = 210, kBox = 240, kSpan = 2, kOff = 32, kBits = 6;
     static constexpr bool kMin = false, kDeepXRing = false;
     struct Row {
         uint32_t sc[8];  // scale bytes 2i, 2i + 1
@@ -1889,7 +1910,7 @@ struct Q6_KG {
     }
     template <class T>
     __device__ static void chunk(const Row &r, const Half &w, int h, int u, uint32_t (&c)[2][2],
-                                 Affine<T> (&f)[2]) {
+                                 Affine<T, kBits> (&f)[2]) {
         const int hf = h >> 1, q = 2 * (h & 1) + u;  // quadrant
 #pragma unroll
         for (int st = 0; st < 2; ++st) {
@@ -1900,13 +1921,13 @@ struct Q6_KG {
             }
             // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
             if constexpr (!std::is_same_v<T, F16>)
-                f[st] = Affine<T>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
+                f[st] = Affine<T, kBits>::of(r.d * gguf::byte_minus(r.sc[4 * hf + q] ^ 0x8080u, st, 128.0f), 0.0f);
         }
         if constexpr (std::is_same_v<T, F16>) {
             // both steps' d sc in one HMUL2: the scale bytes (sc + 128) spread to bytes 0
             // and 2, less 128, times d
             const uint32_t w = __byte_perm(r.sc[4 * hf + q] ^ 0x8080u, 0u, 0x4140u);
-            const uint32_t p = Affine<T>::products(with_exponent(w, 0x00FF00FFu), 128.0f, r.d2);
+            const uint32_t p = Affine<T, kBits>::products(with_exponent(w, 0x00FF00FFu), 128.0f, r.d2);
             f[0] = {__byte_perm(p, 0u, 0x1010u), 0u}, f[1] = {__byte_perm(p, 0u, 0x3232u), 0u};
         }
     }
@@ -1924,9 +1945,9 @@ template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
 // stages of 256 k; 12, four, for decoders with kDeepXRing (Q4_K, Q5_K) with fp16 x at N
 // <= 32 (H100, m = 16 / 32 on 28672x8192 and 8192x28672: Q4_K 72.0-76.6 against
 // 75.0-79.1 us, Q5_K 1-2% faster, 4096x14336 level; Q6_K and Q8_0 1-3% slower or level
-// with 12, m = 64 mixed, bf16 x level to 3% slower; 4, two stages, 13-26% slower
-// everywhere; on an H200 16 and 24 halves 3-8% slower than 8: bench/RESULTS.md,
-// sessions 28 and 29).
+// with 12, m = 64 mixed; bf16 x level to 3% slower with its former float32 decode, not
+// measured with the packed one; 4, two stages, 13-26% slower everywhere; on an H200 16
+// and 24 halves 3-8% slower than 8: bench/RESULTS.md, sessions 28, 29 and 31).
 template <class T, class F, int BN>
 constexpr int max_x_ring() {
     return std::is_same_v<T, F16> && F::kDeepXRing && BN <= 32 ? 12 : kTMaxXRing;
@@ -2022,7 +2043,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                     wgmma_wait<1>();  // chunk 2h + u - 2 is done: a[u] is free
                     if (u == 1) xh.release_before(xs.slot);  // so are the x half before's chunks
                     uint32_t ca[2][2], cb[2][2];
-                    gg::Affine<T> fa[2], fb[2];
+                    gg::Affine<T, F::kBits> fa[2], fb[2];
                     F::template chunk<T>(row_ga, wa, h, u, ca, fa);
                     F::template chunk<T>(row_gb, wb, h, u, cb, fb);
 #pragma unroll
