@@ -238,6 +238,20 @@ def test_rows_are_independent_and_deterministic(rng):
         assert np.array_equal(kbit.matmul(x[i], w).view(np.uint32), y[i].view(np.uint32))
 
 
+def test_host_x_in_slices(rng):
+    # an x past the host's one-time float32 conversion (2^22 floats) goes in slices of
+    # rows (128 here), each decoding W again: every row still as alone, bias included
+    n_out, k_in, m = 9, 32768, 300
+    w, w64 = kbit_weight(rng, n_out, k_in, 4, "e4m4")
+    x = random_x(rng, (m, k_in), "float16")
+    bias = random_x(rng, (n_out,), "float16")
+    y = kbit.matmul(x, w, bias)
+    check_accuracy(y, reference(x, w64, bias, "float16"), "float16", "slices",
+                   magnitude(x, w64, "float16"))
+    for i in (0, 127, 128, 255, 256, 299):
+        assert np.array_equal(kbit.matmul(x[i], w, bias).view(np.uint16), y[i].view(np.uint16)), i
+
+
 def test_shapes_and_leading_dims(rng):
     w, w64 = kbit_weight(rng, 7, 64, 4, "e4m4")
     x = random_x(rng, (2, 3, 64), "float16")

@@ -160,11 +160,43 @@ inline const float *resolve_codebook(const float *codebook, int k) {
     return codebook ? codebook : kNormalFloat[k];
 }
 
+// The codes of elements 8g .. 8g + 7 of a block, one a byte (element 8g + i in byte i):
+// each plane's byte g has its bit i moved to bit 0 of byte i (the multiply copies the byte
+// into all eight, the mask keeps bit i of byte i, the add carries a set bit to the byte's
+// top bit, no further), and plane j is shifted to bit j. For the host, K <= 8.
+template <int K>
+inline uint64_t bitplane_codes8(const uint32_t *words, int g) {
+    constexpr uint64_t kOnes = 0x0101010101010101ull;
+    uint64_t codes = 0;
+    for (int j = 0; j < K; ++j) {
+        const uint64_t b = (words[j] >> (8 * g)) & 0xFFu;
+        codes |= ((((b * kOnes) & 0x8040201008040201ull) + 0x7F * kOnes) >> 7 & kOnes) << j;
+    }
+    return codes;
+}
+
 // The host's block decoder (dequantize and the fused matmul): out[i] = codebook[c_i] * d
-// for the first `valid` elements of the block whose k words are `words`.
+// for the first `valid` elements of the block whose k words are `words`; eight codes at a
+// time, K a template parameter (the same values as bitplane_code's, element by element).
+template <int K>
+inline void dequantize_block_k(const uint32_t *words, const float *codebook, float d, int valid,
+                               float *out) {
+    for (int g = 0; 8 * g < valid; ++g) {
+        const uint64_t codes = bitplane_codes8<K>(words, g);
+        const int n = valid - 8 * g < 8 ? valid - 8 * g : 8;
+        for (int i = 0; i < n; ++i) out[8 * g + i] = mul_rn(codebook[(codes >> (8 * i)) & 0xFFu], d);
+    }
+}
 inline void dequantize_block(const uint32_t *words, int k, const float *codebook, float d,
                              int valid, float *out) {
-    for (int i = 0; i < valid; ++i) out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
+    switch (k) {
+        case 2: return dequantize_block_k<2>(words, codebook, d, valid, out);
+        case 3: return dequantize_block_k<3>(words, codebook, d, valid, out);
+        case 4: return dequantize_block_k<4>(words, codebook, d, valid, out);
+        case 5: return dequantize_block_k<5>(words, codebook, d, valid, out);
+        default:
+            for (int i = 0; i < valid; ++i) out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
+    }
 }
 
 // ---- nearest codebook entry ----------------------------------------------------------

@@ -6,7 +6,8 @@
 // float32 values, exactly what its host dequantize gives for fp32 output (it calls the
 // family's block decoder, shared with dequantize). run() splits W's rows over the
 // threads; each thread decodes its rows kTile at a time, once per call, and takes their
-// dot products with every row of x (converted to float32 once per tile). Products are
+// dot products with every row of x (converted to float32 once per call, or per slice of
+// rows for a large x). Products are
 // accumulated in float32 in a fixed order, the bias is added in float32, and y is
 // rounded once to the dtype with the conversions the GPU uses (core/numeric.h).
 #include <algorithm>
@@ -25,6 +26,7 @@ namespace {
 constexpr int64_t kTile = 8;               // rows of W decoded together
 constexpr int kLanes = 8;                  // interleaved partial sums of a dot product
 constexpr int64_t kWorkPerPart = 1 << 20;  // multiply-adds worth starting a thread for
+constexpr int64_t kXFloats = 1 << 22;      // x converted to float32 at once (16 MiB)
 
 // ---- row decoders: row r of W into w[0 .. k_in) -------------------------------------
 
@@ -83,6 +85,10 @@ float dot(const float *x, const float *w, int64_t n) {
 
 // y[m, n_out] = x[m, k_in] · Wᵀ (+ bias) with rows(r, w) decoding row r of W. Arguments
 // are valid (checked by the entry) and m * n_out > 0.
+//
+// x is converted to float32 once, up to kXFloats at a time (all of it for decoding-sized
+// m; a prefill-sized x in slices of rows, each decoding W again, which then costs at most
+// k_in / kXFloats of the dot products' work).
 template <class T, class Rows>
 void run(const Rows &rows, const void *x, int64_t m, int64_t k_in, int64_t n_out,
          const void *bias, void *y) {
@@ -92,33 +98,38 @@ void run(const Rows &rows, const void *x, int64_t m, int64_t k_in, int64_t n_out
     S *ys = static_cast<S *>(y);
 
     // Parts: contiguous ranges of W's rows, one per thread, each with its own scratch
-    // (kTile decoded rows of W and one row of x), all allocated before any thread starts.
+    // (kTile decoded rows of W), all allocated before any thread starts.
     const int64_t work_per_row = (m + 1) * k_in;  // one decode and m dot products
     const int64_t min_rows = std::max<int64_t>(1, kWorkPerPart / std::max<int64_t>(work_per_row, 1));
     const int64_t parts = std::min(max_threads(), blocks_of(n_out, min_rows));
     const int64_t chunk = blocks_of(n_out, parts);
-    const int64_t stride = (kTile + 1) * k_in;  // floats of scratch per part
-    if (k_in > PTRDIFF_MAX / static_cast<int64_t>(sizeof(float)) / ((kTile + 1) * parts))
+    const int64_t x_rows = std::clamp<int64_t>(kXFloats / std::max<int64_t>(k_in, 1), 1, m);
+    if (k_in > PTRDIFF_MAX / static_cast<int64_t>(sizeof(float)) / (kTile * parts + x_rows))
         throw std::bad_alloc();
-    std::vector<float> scratch(static_cast<size_t>(parts * stride));
+    std::vector<float> scratch(static_cast<size_t>(parts * kTile * k_in));
+    std::vector<float> xf(static_cast<size_t>(x_rows * k_in));
 
-    parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-            float *w = scratch.data() + p * stride;  // kTile rows of W
-            float *xf = w + kTile * k_in;            // one row of x
-            const int64_t end = std::min(n_out, (p + 1) * chunk);
-            for (int64_t r0 = p * chunk; r0 < end; r0 += kTile) {
-                const int64_t tile = std::min(kTile, end - r0);
-                for (int64_t t = 0; t < tile; ++t) rows(r0 + t, w + t * k_in);
-                for (int64_t i = 0; i < m; ++i) {
-                    for (int64_t j = 0; j < k_in; ++j) xf[j] = load_f32(T{}, xs[i * k_in + j]);
-                    for (int64_t t = 0; t < tile; ++t) {
-                        store_y<T>(ys, bs, i, r0 + t, n_out, dot(xf, w + t * k_in, k_in));
-                    }
+    for (int64_t i0 = 0; i0 < m; i0 += x_rows) {
+        const int64_t slice = std::min(x_rows, m - i0);
+        const S *xi = xs + i0 * k_in;
+        parallel_for(slice * k_in, kWorkPerPart, [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) xf[j] = load_f32(T{}, xi[j]);
+        });
+        parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+            for (int64_t p = p0; p < p1; ++p) {
+                float *w = scratch.data() + p * kTile * k_in;  // kTile rows of W
+                const int64_t end = std::min(n_out, (p + 1) * chunk);
+                for (int64_t r0 = p * chunk; r0 < end; r0 += kTile) {
+                    const int64_t tile = std::min(kTile, end - r0);
+                    for (int64_t t = 0; t < tile; ++t) rows(r0 + t, w + t * k_in);
+                    for (int64_t i = 0; i < slice; ++i)
+                        for (int64_t t = 0; t < tile; ++t)
+                            store_y<T>(ys, bs, i0 + i, r0 + t, n_out,
+                                       dot(xf.data() + i * k_in, w + t * k_in, k_in));
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 // Checks x, bias and y, then runs the loop for the dtype (a no-op when y is empty).
