@@ -91,3 +91,19 @@ def test_results_table_reads_gzipped_runs(tmp_path):
     assert lines[0] == "Device: a GPU; n = 2^20."
     assert "| fp16 | 4 | e4m4 | 835.9 | 24.7% | 214.8 | 96.0% | 2970 |" in lines
     assert "| gguf | dequantize | Q4_K fp16 | 12.3 | 93.5% |" in lines
+
+
+def test_bench_host_matmul_runs(tmp_path):
+    # the CPU matmul benchmark on a small weight: its table and JSON, one row per case
+    path = str(tmp_path / "host.json")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_host_matmul.py"),
+                          "--shape", "40x256", "--k", "2,5", "--m", "1,3", "--dtype", "fp16,fp32",
+                          "--repeats", "2", "--json", path],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "CPU matmul, 40x256" in out.stdout
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    assert [(r["k"], r["dtype"], r["m"]) for r in rows] == [
+        (k, d, m) for k in (2, 5) for d in ("fp16", "fp32") for m in (1, 3)]
+    assert all(r["kbit_ms"] > 0 and r["numpy_fp32_ms"] > 0 for r in rows)
