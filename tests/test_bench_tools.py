@@ -106,4 +106,4 @@ def test_bench_host_matmul_runs(tmp_path):
         rows = json.load(f)["rows"]
     assert [(r["k"], r["dtype"], r["m"]) for r in rows] == [
         (k, d, m) for k in (2, 5) for d in ("fp16", "fp32") for m in (1, 3)]
-    assert all(r["kbit_ms"] > 0 and r["numpy_fp32_ms"] > 0 for r in rows)
+    assert all(r["kbit_ms"] > 0 and r["gbps"] > 0 and r["numpy_fp32_ms"] > 0 for r in rows)

@@ -195,7 +195,7 @@ kbit_status dequantize_kbit_host(const uint32_t *packed, const void *absmax, kbi
         float v[kBlock];
         for (int64_t b = first; b < last; ++b) {
             const int valid = static_cast<int>(std::min<int64_t>(kBlock, n - b * kBlock));
-            dequantize_block(packed + b * K, K, cb, block_scale(fmt, absmax, b, ts), valid, v);
+            dequantize_block_k<K>(packed + b * K, cb, block_scale(fmt, absmax, b, ts), valid, v);
             for (int i = 0; i < valid; ++i) out[b * kBlock + i] = store_cast(T{}, v[i]);
         }
     });

@@ -4,12 +4,12 @@
 //
 // One loop serves every format. A format contributes a row decoder: row r of W as k_in
 // float32 values, exactly what its host dequantize gives for fp32 output (it calls the
-// family's block decoder, shared with dequantize). run() splits W's rows over the
-// threads; each thread decodes its rows kTile at a time, once per call, and takes their
-// dot products with every row of x (converted to float32 once per call, or per slice of
-// rows for a large x). Products are
-// accumulated in float32 in a fixed order, the bias is added in float32, and y is
-// rounded once to the dtype with the conversions the GPU uses (core/numeric.h).
+// family's block decoder, shared with dequantize). run() converts x to float32 (all of
+// it, or a slice of its rows for a prefill-sized x) and splits W's rows over the threads;
+// each thread decodes its rows kTile at a time, once per slice of x (once per call
+// unless x is prefill-sized), and takes their dot products with every row of the slice.
+// Products are accumulated in float32 in a fixed order, the bias is added in float32, and
+// y is rounded once to the dtype with the conversions the GPU uses (core/numeric.h).
 #include <algorithm>
 #include <new>
 #include <vector>
@@ -87,8 +87,8 @@ float dot(const float *x, const float *w, int64_t n) {
 // are valid (checked by the entry) and m * n_out > 0.
 //
 // x is converted to float32 once, up to kXFloats at a time (all of it for decoding-sized
-// m; a prefill-sized x in slices of rows, each decoding W again, which then costs at most
-// k_in / kXFloats of the dot products' work).
+// m; a prefill-sized x in slices of x_rows rows, each decoding W again: one decode per
+// x_rows dot products, about k_in / kXFloats of their work, at least one row a slice).
 template <class T, class Rows>
 void run(const Rows &rows, const void *x, int64_t m, int64_t k_in, int64_t n_out,
          const void *bias, void *y) {
