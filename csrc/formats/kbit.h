@@ -184,7 +184,8 @@ inline void dequantize_block_k(const uint32_t *words, const float *codebook, flo
     for (int g = 0; 8 * g < valid; ++g) {
         const uint64_t codes = bitplane_codes8<K>(words, g);
         const int n = valid - 8 * g < 8 ? valid - 8 * g : 8;
-        for (int i = 0; i < n; ++i) out[8 * g + i] = mul_rn(codebook[(codes >> (8 * i)) & 0xFFu], d);
+        for (int i = 0; i < n; ++i)
+            out[8 * g + i] = mul_rn(codebook[(codes >> (8 * i)) & 0xFFu], d);
     }
 }
 inline void dequantize_block(const uint32_t *words, int k, const float *codebook, float d,
@@ -195,7 +196,8 @@ inline void dequantize_block(const uint32_t *words, int k, const float *codebook
         case 4: return dequantize_block_k<4>(words, codebook, d, valid, out);
         case 5: return dequantize_block_k<5>(words, codebook, d, valid, out);
         default:
-            for (int i = 0; i < valid; ++i) out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
+            for (int i = 0; i < valid; ++i)
+                out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
     }
 }
 
