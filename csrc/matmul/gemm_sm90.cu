@@ -1663,8 +1663,8 @@ __device__ __forceinline__ uint32_t pair_bytes(uint32_t at) {
 }
 
 // Codes c of a pair (bytes 0 and 2) under fp16's exponent byte of 1024 (bytes 1 and 3:
-// 0x64), the words a format's chunk() gives: for fp16 the exact pair 1024 + c, for bf16
-// bytes 0 and 2 as they are. One LOP3 each: (v & mask) | 0x64006400, (v ^ flip) |
+// 0x64), the words a format's chunk() gives: for fp16 the exact pair 1024 + c (or 64 + c:
+// high_nibbles), for bf16 bytes 0 and 2 as they are. One LOP3 each: (v & mask) | 0x64006400, (v ^ flip) |
 // 0x64006400, and c | (v & mask) (a code's high bits).
 __device__ __forceinline__ uint32_t with_exponent(uint32_t v, uint32_t mask) {
     return lop3<0xEA>(v, mask, 0x64006400u);  // (a & b) | c
@@ -1675,15 +1675,27 @@ __device__ __forceinline__ uint32_t with_exponent_xor(uint32_t v, uint32_t flip)
 __device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t mask) {
     return lop3<0xF8>(c, v, mask);  // a | (b & c)
 }
+// A pair's high nibbles (bits 4..7 of bytes 0 and 2) as code words. fp16: left where they
+// are, under the exponent byte 0x54 (64, whose mantissa step is 1/16), the word is exactly
+// 64 + c in one LOP3 (Affine<F16>::base kHighBase takes it back to c; a code's high bits
+// may sit at bits 8, 9: codes of up to 6 bits); bf16 (7 mantissa bits, below bit 7):
+// shifted to bits 0..3, as with_exponent. A decoder using it sets its Affine's base.
+constexpr float kHighBase = 64.0f;
+template <class T>
+__device__ __forceinline__ uint32_t high_nibbles(uint32_t v) {
+    if constexpr (std::is_same_v<T, F16>) return lop3<0xEA>(v, 0x00F000F0u, 0x54005400u);
+    else return with_exponent(v >> 4, 0x000F000Fu);
+}
 
-// value = (q - kOff) a + b for a pair of codes (words with_exponent gives), as a pair of T;
-// kBits: the codes' width.
+// value = (q - kOff) a + b for a pair of codes (words with_exponent or, fp16, high_nibbles
+// gives), as a pair of T; kBits: the codes' width.
 template <class T, int kBits>
 struct Affine;
 template <int kBits>
 struct Affine<F16, kBits> {
     static_assert(kBits <= 8, "codes under fp16's 1024 exponent (with_exponent)");
     uint32_t a, b;
+    float base = 1024.0f;  // the code words' base: 1024 (with_exponent), kHighBase (high_nibbles)
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     // a = d (fp16 bits), b = 0
     __device__ static Affine of_half(uint32_t d) { return {__byte_perm(d, 0u, 0x1010u), 0u}; }
@@ -1700,7 +1712,7 @@ struct Affine<F16, kBits> {
     }
     template <int kOff, bool kMin>
     __device__ uint32_t value(uint32_t codes) const {
-        const uint32_t q = hadd2<F16>(codes, splat<F16>(-(1024.0f + kOff)));  // 1024 + c - (1024 + kOff), exact
+        const uint32_t q = hadd2<F16>(codes, splat<F16>(-(base + kOff)));  // base + c - (base + kOff), exact
         return kMin ? hfma2<F16>(q, a, b) : hmul2<F16>(q, a);
     }
 };
@@ -1740,8 +1752,9 @@ struct Affine<BF16, 8> {
 // A format's decoder: kStageBytes of a row's stage (kBox in shared memory: rows g = 0..7
 // of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
 // all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
-// loaded for kSpan halves at once: those that share their bytes), and chunk(): chunk
-// 2h + u's codes [st][e] and scale groups [st]; kBits: the codes' width (Affine);
+// loaded for kSpan halves at once: those that share their bytes; half<T>, for the words
+// T takes), and chunk<T>(): chunk 2h + u's code words [st][e] and scale groups [st] (with
+// the words' base, fp16); kBits: the codes' width (Affine);
 // kDeepXRing: a deeper ring measured faster (gg::max_x_ring).
 //
 // Q4_0 and Q8_0: eight 32-element blocks of an fp16 d and codes; Codes::load(q, t, c)
@@ -1758,13 +1771,14 @@ struct Block32G {
         uint32_t q[2][2][2], d[2];  // [u][st][e]
     };
     __device__ static Row row(uint32_t, int) { return {}; }
+    template <class T>
     __device__ static Half half(uint32_t at, const Row &, int h, int t) {
         Half w;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const uint32_t blk = at + Fmt::kBytes * (2 * h + u);
             w.d[u] = lds_u16(blk);
-            Codes::load(blk + 2, t, w.q[u]);
+            Codes::template load<T>(blk + 2, t, w.q[u]);
         }
         return w;
     }
@@ -1776,6 +1790,7 @@ struct Block32G {
 #pragma unroll
             for (int e = 0; e < 2; ++e) c[st][e] = w.q[u][st][e];
         f[0] = f[1] = Affine<T, kBits>::of_half(w.d[u]);
+        if constexpr (std::is_same_v<T, F16>) f[0].base = Codes::base(0), f[1].base = Codes::base(1);
     }
 };
 
@@ -1784,12 +1799,14 @@ struct Block32G {
 struct Q4_0Codes {
     using Fmt = gguf::Q4_0;
     static constexpr int kOff = 8, kBits = 4;
+    __device__ static constexpr float base(int st) { return st ? kHighBase : 1024.0f; }  // fp16 x
+    template <class T>
     __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const uint32_t v = pair_bytes(q + 8 * e + 2 * t);
             c[0][e] = with_exponent(v, 0x000F000Fu);
-            c[1][e] = with_exponent(v >> 4, 0x000F000Fu);
+            c[1][e] = high_nibbles<T>(v);
         }
     }
 };
@@ -1797,6 +1814,8 @@ struct Q4_0Codes {
 struct Q8_0Codes {
     using Fmt = gguf::Q8_0;
     static constexpr int kOff = 128, kBits = 8;
+    __device__ static constexpr float base(int) { return 1024.0f; }
+    template <class T>
     __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
 #pragma unroll
         for (int st = 0; st < 2; ++st)
@@ -1834,6 +1853,7 @@ struct QK45G {
                 r.qh[st][e] = kFifthBit ? pair_bytes(at + 16 + 16 * st + 8 * e + 2 * t) : 0u;
         return r;
     }
+    template <class T>
     __device__ static Half half(uint32_t at, const Row &, int h, int t) {
         Half w;
 #pragma unroll
@@ -1850,10 +1870,12 @@ struct QK45G {
         for (int st = 0; st < 2; ++st)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                c[st][e] = with_exponent(u ? w.q[st][e] >> 4 : w.q[st][e], 0x000F000Fu);
+                // the fifth bit (bit s of qh) to bit 4, or 8 above a high nibble kept in place
+                const int top = u && std::is_same_v<T, F16> ? 8 : 4;
+                c[st][e] = u ? high_nibbles<T>(w.q[st][e]) : with_exponent(w.q[st][e], 0x000F000Fu);
                 if constexpr (kFifthBit)
-                    c[st][e] = with_bits(c[st][e], s <= 4 ? r.qh[st][e] << (4 - s) : r.qh[st][e] >> (s - 4),
-                                         0x00100010u);
+                    c[st][e] = with_bits(c[st][e], s <= top ? r.qh[st][e] << (top - s) : r.qh[st][e] >> (s - top),
+                                         0x00010001u << top);
             }
         uint32_t sc, mn;
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
@@ -1861,6 +1883,7 @@ struct QK45G {
             const uint32_t j = s & 3;
             f[0] = f[1] = Affine<T, kBits>::of_products(with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
                                                  r.h.x ^ 0x80000000u);
+            if (u) f[0].base = f[1].base = kHighBase;
         } else {
             const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
             f[0] = f[1] = Affine<T, kBits>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
@@ -1894,6 +1917,7 @@ struct Q6_KG {
         r.d2 = __byte_perm(d, 0u, 0x1010u);
         return r;
     }
+    template <class T>
     __device__ static Half half(uint32_t at, const Row &, int h, int t) {
         Half w;
         const int hf = h >> 1;
@@ -1916,8 +1940,11 @@ struct Q6_KG {
         for (int st = 0; st < 2; ++st) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const uint32_t hi = q <= 2 ? w.qh[st][e] << (4 - 2 * q) : w.qh[st][e] >> (2 * q - 4);
-                c[st][e] = with_bits(with_exponent(w.ql[u][st][e] >> (4 * (h & 1)), 0x000F000Fu), hi, 0x00300030u);
+                // the high bits (2q, 2q + 1 of qh) to bits 4, 5, or 8, 9 above a high nibble kept in place
+                const int top = (h & 1) && std::is_same_v<T, F16> ? 8 : 4;
+                const uint32_t hi = 2 * q <= top ? w.qh[st][e] << (top - 2 * q) : w.qh[st][e] >> (2 * q - top);
+                const uint32_t lo = (h & 1) ? high_nibbles<T>(w.ql[u][st][e]) : with_exponent(w.ql[u][st][e], 0x000F000Fu);
+                c[st][e] = with_bits(lo, hi, 0x00030003u << top);
             }
             // scale byte 8 hf + 2 q + st: int8 (byte ^ 0x80 is sc + 128)
             if constexpr (!std::is_same_v<T, F16>)
@@ -1929,6 +1956,7 @@ struct Q6_KG {
             const uint32_t w = __byte_perm(r.sc[4 * hf + q] ^ 0x8080u, 0u, 0x4140u);
             const uint32_t p = Affine<T, kBits>::products(with_exponent(w, 0x00FF00FFu), 128.0f, r.d2);
             f[0] = {__byte_perm(p, 0u, 0x1010u), 0u}, f[1] = {__byte_perm(p, 0u, 0x3232u), 0u};
+            if (h & 1) f[0].base = f[1].base = kHighBase;
         }
     }
 };
@@ -1942,15 +1970,15 @@ template <> struct Of<gguf::Q5_K> { using type = QK45G<true>; };
 template <> struct Of<gguf::Q6_K> { using type = Q6_KG; };
 
 // x halves in flight at most (the W ring: a stage for every four, and one): 8, three W
-// stages of 256 k; 12, four, for decoders with kDeepXRing (Q4_K, Q5_K) with fp16 x at N
-// <= 32 (H100, m = 16 / 32 on 28672x8192 and 8192x28672: Q4_K 72.0-76.6 against
-// 75.0-79.1 us, Q5_K 1-2% faster, 4096x14336 level; Q6_K and Q8_0 1-3% slower or level
-// with 12, m = 64 mixed; bf16 x level to 3% slower with its former float32 decode, not
-// measured with the packed one; 4, two stages, 13-26% slower everywhere; on an H200 16
-// and 24 halves 3-8% slower than 8: bench/RESULTS.md, sessions 28, 29 and 31).
+// stages of 256 k; 12, four, for decoders with kDeepXRing (Q4_K, Q5_K) at N <= 32 (H100,
+// m = 16 / 32 on 28672x8192 and 8192x28672: Q4_K fp16 72.0-76.6 against 75.0-79.1 us,
+// bf16 (packed decode) 72.2-80.2 against 76.7-81.6, Q5_K 1-2% faster, 4096x14336 level;
+// Q6_K and Q8_0 1-3% slower or level with 12, m = 64 mixed; 4, two stages, 13-26% slower
+// everywhere; on an H200 16 and 24 halves 3-8% slower than 8: bench/RESULTS.md, sessions
+// 28, 29 and 31).
 template <class T, class F, int BN>
 constexpr int max_x_ring() {
-    return std::is_same_v<T, F16> && F::kDeepXRing && BN <= 32 ? 12 : kTMaxXRing;
+    return F::kDeepXRing && BN <= 32 ? 12 : kTMaxXRing;
 }
 
 // Shared memory: [x ring: RX halves of BN rows of 128 bytes][W ring: RW stages of 128 rows
@@ -2035,7 +2063,7 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
             typename F::Half wa, wb;
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
-                if (h % F::kSpan == 0) wa = F::half(ra, row_ga, h, t), wb = F::half(rb, row_gb, h, t);
+                if (h % F::kSpan == 0) wa = F::template half<T>(ra, row_ga, h, t), wb = F::template half<T>(rb, row_gb, h, t);
                 if (h == 3) mbar_arrive(wr.empty + 8 * ws.slot);  // the W slot is read
                 const uint64_t b = xh.wait(xs.slot, xs.phase);
 #pragma unroll
