@@ -1881,13 +1881,13 @@ struct QK45G {
         gguf::scales_mins_k4(r.h.y, r.h.z, r.h.w, s >> 2, sc, mn);
         if constexpr (std::is_same_v<T, F16>) {  // (sc, mn) times (d, -dmin) in one HMUL2
             const uint32_t j = s & 3;
-            f[0] = f[1] = Affine<T, kBits>::of_products(with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu),
-                                                 r.h.x ^ 0x80000000u);
+            const uint32_t scale_min = with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu);
+            f[0] = f[1] = Affine<T, kBits>::of_products(scale_min, r.h.x ^ 0x80000000u);
             if (u) f[0].base = f[1].base = kHighBase;
         } else {
             const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
             f[0] = f[1] = Affine<T, kBits>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
-                                        -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
+                                               -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
         }
     }
 };
