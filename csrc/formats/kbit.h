@@ -175,9 +175,9 @@ inline uint64_t bitplane_codes8(const uint32_t *words, int g) {
     return codes;
 }
 
-// The host's block decoder (dequantize and the fused matmul): out[i] = codebook[c_i] * d
-// for the first `valid` elements of the block whose k words are `words`; eight codes at a
-// time, K a template parameter (the same values as bitplane_code's, element by element).
+// The host's block decoder (dequantize and the fused matmul, which fix K per call with
+// with_k): out[i] = codebook[c_i] * d for the first `valid` elements of the block whose K
+// words are `words`; eight codes at a time (the same values as bitplane_code's).
 template <int K>
 inline void dequantize_block_k(const uint32_t *words, const float *codebook, float d, int valid,
                                float *out) {
@@ -186,18 +186,6 @@ inline void dequantize_block_k(const uint32_t *words, const float *codebook, flo
         const int n = valid - 8 * g < 8 ? valid - 8 * g : 8;
         for (int i = 0; i < n; ++i)
             out[8 * g + i] = mul_rn(codebook[(codes >> (8 * i)) & 0xFFu], d);
-    }
-}
-inline void dequantize_block(const uint32_t *words, int k, const float *codebook, float d,
-                             int valid, float *out) {
-    switch (k) {
-        case 2: return dequantize_block_k<2>(words, codebook, d, valid, out);
-        case 3: return dequantize_block_k<3>(words, codebook, d, valid, out);
-        case 4: return dequantize_block_k<4>(words, codebook, d, valid, out);
-        case 5: return dequantize_block_k<5>(words, codebook, d, valid, out);
-        default:
-            for (int i = 0; i < valid; ++i)
-                out[i] = mul_rn(codebook[bitplane_code(words, k, i)], d);
     }
 }
 

@@ -32,15 +32,16 @@ constexpr int64_t kXFloats = 1 << 22;      // x converted to float32 at once (16
 
 // kbit: per 32 elements, k bit-plane words and one scale (SPEC section 1). kTiled: the
 // tiled layout (formats/kbit_tiled.h), whose chunk words are rebuilt from the 4 lane
-// segments that hold the row, then decoded as stored.
-template <bool kTiled>
+// segments that hold the row, then decoded as stored. K: the bits a code, fixed per call
+// (with_k), so that the block decoder takes a plane byte's eight codes at once.
+template <bool kTiled, int K>
 struct KbitRows {
+    static constexpr int k = K;
     const void *packed;
     const void *absmax;
     kbit_absmax_format fmt;
     float tensor_scale;
     const float *codebook;  // resolved: never NULL
-    int k;
     int64_t k_in;
 
     void operator()(int64_t r, float *w) const {
@@ -65,8 +66,8 @@ struct KbitRows {
                 words = rebuilt;
                 scale = tiled::scale_at(geo, r, c, sb) / sb;
             }
-            dequantize_block(words, k, codebook, block_scale(fmt, absmax, scale, tensor_scale),
-                             kBlock, w + c * kBlock);
+            dequantize_block_k<K>(words, codebook, block_scale(fmt, absmax, scale, tensor_scale),
+                                  kBlock, w + c * kBlock);
         }
     }
 };
@@ -151,9 +152,11 @@ kbit_status kbit_host(const void *x, int64_t m, int64_t k_in, int64_t n_out, kbi
                       void *y) {
     KBIT_TRY(check_matmul_kbit(x, m, k_in, n_out, dtype, packed, absmax, fmt, tensor_scale,
                                codebook, k, bias, y));
-    const KbitRows<false> rows{packed, absmax, fmt, tensor_scale, resolve_codebook(codebook, k), k,
-                              k_in};
-    return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
+    return with_k(k, [&](auto kc) {
+        const KbitRows<false, kc.value> rows{packed, absmax, fmt, tensor_scale,
+                                             resolve_codebook(codebook, k), k_in};
+        return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
+    });
 }
 
 kbit_status kbit_tiled_host(const void *x, int64_t m, int64_t k_in, int64_t n_out,
@@ -162,9 +165,11 @@ kbit_status kbit_tiled_host(const void *x, int64_t m, int64_t k_in, int64_t n_ou
                             const void *bias, void *y) {
     KBIT_TRY(check_matmul_kbit_tiled(x, m, k_in, n_out, dtype, tiled_packed, tiled_absmax, fmt,
                                      tensor_scale, codebook, k, bias, y));
-    const KbitRows<true> rows{tiled_packed, tiled_absmax, fmt, tensor_scale,
-                              resolve_codebook(codebook, k), k, k_in};
-    return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
+    return with_k(k, [&](auto kc) {
+        const KbitRows<true, kc.value> rows{tiled_packed, tiled_absmax, fmt, tensor_scale,
+                                            resolve_codebook(codebook, k), k_in};
+        return checked_run(rows, x, m, k_in, n_out, dtype, bias, y);
+    });
 }
 
 // The tiled layout from the stored one and back (formats/kbit_tiled.h), segment by
