@@ -474,11 +474,12 @@ def gpu_case(rng, family, n_out, k_in, **kw):
     return gguf_weight(rng, n_out, k_in, family)
 
 
-def check_gpu(rng, w, w64, m, dtype, with_bias, what):
-    """kbit.matmul on CUDA tensors: within the bound of the reference, close to the host."""
+def check_gpu(rng, w, w64, m, dtype, with_bias, what, x=None):
+    """kbit.matmul on CUDA tensors: within the bound of the reference, close to the host
+    (x: m rows of random_x unless given)."""
     import torch
     n_out, k_in = w64.shape
-    x = random_x(rng, (m, k_in), dtype)
+    x = random_x(rng, (m, k_in), dtype) if x is None else x
     bias = random_x(rng, (n_out,), dtype) if with_bias else None
     out = poisoned_cuda((m, n_out), dtype)
     y_t = kbit.matmul(cuda_x(x, dtype), to_device(w),
@@ -594,6 +595,41 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
     y_ref = reference(x.cpu().numpy(), w64, None, "float16")
     check_accuracy(y.cpu().numpy(), y_ref, "float16", f"{qtype} offset blocks",
                    magnitude(x.cpu().numpy(), w64, "float16"))
+
+
+def means_rows():
+    """Rows of W that give every SM six row tiles or more, where the streamed GEMV takes
+    Q4_K's mins against x's sub-block means (gguf_stream::kMeansMinTiles), the last tile
+    partial."""
+    import torch
+    return 16 * 6 * torch.cuda.get_device_properties(0).multi_processor_count + 40
+
+
+@requires_gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gguf_streamed_means(rng, qtype, dtype):
+    """The k-quants' mins in the streamed GEMV where x is held for the whole kernel
+    (m <= 4: x's rows fit), with x = 4 + N(0, 1) so that the mins' part of y is large.
+    Q4_K on means_rows() x 2304 (18 units a row: two stages a tile group, the last
+    short) against x's sub-block means, which each lane computes in its CTA's first tile
+    group, as x arrives, and reads back in the later ones; on 8500 x 8448 (fewer tiles a
+    CTA on 132 SMs) and Q5_K by an mma a sub-block (the launched kernel checked); fp32 x
+    through the generic kernel. Against the reference and the host."""
+    from test_tiled import launched
+    for n_out, k_in in ((means_rows(), 2304), (8500, 8448)):
+        w, w64 = gpu_case(rng, qtype, n_out, k_in)
+        for m in (1, 3, 4):
+            x = as_dtype(4.0 + rng.standard_normal((m, k_in)).astype(np.float32), dtype)
+            check_gpu(rng, w, w64, m, dtype, m == 3, f"{qtype} {dtype} {n_out}x{k_in} m={m}",
+                      x=x)
+        if dtype == "float32":
+            continue  # (the generic kernel)
+        # the launched kernel's (NT, kR, kMeans)
+        x_t, w_d = cuda_x(x, dtype), to_device(w)
+        means = "true" if qtype == "Q4_K" and n_out == means_rows() else "false"
+        assert launched(lambda: kbit.matmul(x_t, w_d),
+                        r"gemv_gguf_kernel<.*, (\d+), (\d+), (true|false)>") == [("1", "1", means)]
 
 
 @requires_gpu

@@ -153,15 +153,25 @@ def test_gguf_streamed_groups_gemv(rng, n_out):
     _gguf_matmul(rng, "Q4_K", n_out, 5120, 8)
 
 
-@pytest.mark.parametrize("qtype, k_in, ms", [("Q4_K", 8448, (1, 4)), ("Q8_0", 8448, (1, 4)),
-                                             ("Q6_K", 10240, (1, 3))])
+@pytest.mark.parametrize("qtype, k_in, ms", [("Q4_K", 8448, (1, 4)), ("Q5_K", 8448, (3,)),
+                                             ("Q8_0", 8448, (1, 4)), ("Q6_K", 10240, (1, 3))])
 def test_gguf_streamed_resident_x_pieces(rng, qtype, k_in, ms):
     """The GGUF stream's resident x, which arrives a piece with each stage of a CTA's first
     group of row tiles and is read again by its later groups: 6400 rows (400 row tiles,
     three or more a CTA on 132 SMs), rows of several stages, the last one short, so that x
-    comes in several pieces, the ring wrapping inside the first group."""
+    comes in several pieces, the ring wrapping inside the first group; Q4_K: x's
+    sub-block means, kept in the first group by each lane and read back later."""
     for m in ms:
         _gguf_matmul(rng, qtype, 6400, k_in, m)
+
+
+def test_gguf_streamed_means(rng):
+    """Q4_K's mins against x's sub-block means in the streamed GEMV (six row tiles a CTA
+    or more, x resident): each lane keeps its means in the CTA's first tile group and
+    reads them back in the later ones."""
+    from test_matmul import means_rows
+    for m in (1, 4):
+        _gguf_matmul(rng, "Q4_K", means_rows(), 2304, m)
 
 
 @pytest.mark.parametrize("n_out, k_in, m", [(24, 6144, 7), (8500, 256, 2)])

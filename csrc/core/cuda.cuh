@@ -126,7 +126,10 @@ __device__ __forceinline__ uint4 lds_u32x4_ordered(uint32_t at) {
                  : "memory");
     return v;
 }
-// A 64-bit shared-memory store, in program order as lds_u32x4_ordered.
+// 32- and 64-bit shared-memory stores, in program order as lds_u32x4_ordered.
+__device__ __forceinline__ void sts_u32(uint32_t at, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
+}
 __device__ __forceinline__ void sts_u32x2(uint32_t at, uint32_t a, uint32_t b) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at), "r"(a), "r"(b) : "memory");
 }

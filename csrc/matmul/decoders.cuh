@@ -45,6 +45,18 @@ constexpr int kUnroll = 4;     // chunks per warp whose loads are issued togethe
 KBIT_MMA_16816(F16, "f16")
 KBIT_MMA_16816(BF16, "bf16")
 #undef KBIT_MMA_16816
+// The same for one m16n8k8 tile (half the k).
+#define KBIT_MMA_1688(TAG, PTX_TYPE)                                                           \
+    __device__ __forceinline__ void mma_1688(TAG, float (&d)[4], uint32_t a0, uint32_t a1,     \
+                                             uint32_t b) {                                     \
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32." PTX_TYPE "." PTX_TYPE             \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"                        \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
+                     : "r"(a0), "r"(a1), "r"(b));                                              \
+    }
+KBIT_MMA_1688(F16, "f16")
+KBIT_MMA_1688(BF16, "bf16")
+#undef KBIT_MMA_1688
 
 // Packed T arithmetic on 32-bit words (the GGUF kernels: gguf_stream.cuh, gemm_sm90.cu).
 // T's packed pair type, and the code-byte magic: byte 0x64 (fp16) or 0x43 (bf16) is the
@@ -72,6 +84,12 @@ __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
 }
 template <class T>
 __device__ __forceinline__ uint32_t splat(float v) { return pack2(T{}, v, v); }
+// A pair of T as two floats (the low half first).
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+    if constexpr (Pack<T>::kF16) return __half22float2(Pack<T>::h(v));
+    else return __bfloat1622float2(Pack<T>::h(v));
+}
 // a * (half h of b in both halves): ptxas reads the half through the multiply's operand
 // swizzle (HMUL2 R, R, R.H0_H0), no instruction of its own.
 template <class T>

@@ -50,19 +50,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                  : "r"(addr));
 }
 
-// Four pairs of T times a float32 factor, rounded back to T (the direct decoders' values
-// carry their own scales; only the staged ones are multiplied at the mma's output).
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t v);
-template <>
-__device__ __forceinline__ float2 unpack2<F16>(uint32_t v) {
-    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<BF16>(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
-}
-
 // What a direct decoder loads a stage ahead (its Raw); staged decoders load nothing.
 template <class Dec, class = void>
 struct RawOf { using type = uint4; };

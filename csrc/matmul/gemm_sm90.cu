@@ -1677,9 +1677,9 @@ __device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t m
 }
 // A pair's high nibbles (bits 4..7 of bytes 0 and 2) as code words. fp16: left where they
 // are, under the exponent byte 0x54 (64, whose mantissa step is 1/16), the word is exactly
-// 64 + c in one LOP3 (Affine<F16>::base kHighBase takes it back to c; a code's high bits
-// may sit at bits 8, 9: codes of up to 6 bits); bf16 (7 mantissa bits, below bit 7):
-// shifted to bits 0..3, as with_exponent. A decoder using it sets its Affine's base.
+// 64 + c in one LOP3 (the decoder's base() of these words, kHighBase, takes it back to c;
+// a code's high bits may sit at bits 8, 9: codes of up to 6 bits); bf16 (7 mantissa bits,
+// below bit 7): shifted to bits 0..3, as with_exponent.
 constexpr float kHighBase = 64.0f;
 template <class T>
 __device__ __forceinline__ uint32_t high_nibbles(uint32_t v) {
@@ -1695,7 +1695,6 @@ template <int kBits>
 struct Affine<F16, kBits> {
     static_assert(kBits <= 8, "codes under fp16's 1024 exponent (with_exponent)");
     uint32_t a, b;
-    float base = 1024.0f;  // the code words' base: 1024 (with_exponent), kHighBase (high_nibbles)
     __device__ static Affine of(float a, float b) { return {pack2(F16{}, a, a), pack2(F16{}, b, b)}; }
     // a = d (fp16 bits), b = 0
     __device__ static Affine of_half(uint32_t d) { return {__byte_perm(d, 0u, 0x1010u), 0u}; }
@@ -1710,8 +1709,9 @@ struct Affine<F16, kBits> {
         const uint32_t w = products(sm, 0.0f, de);
         return {__byte_perm(w, 0u, 0x1010u), __byte_perm(w, 0u, 0x3232u)};
     }
+    // base: the code words' (1024: with_exponent, kHighBase: high_nibbles)
     template <int kOff, bool kMin>
-    __device__ uint32_t value(uint32_t codes) const {
+    __device__ uint32_t value(uint32_t codes, float base) const {
         const uint32_t q = hadd2<F16>(codes, splat<F16>(-(base + kOff)));  // base + c - (base + kOff), exact
         return kMin ? hfma2<F16>(q, a, b) : hmul2<F16>(q, a);
     }
@@ -1728,7 +1728,7 @@ struct Affine<BF16, kBits> {
     __device__ static Affine of(float a, float b) { return {splat<BF16>(a * 0x1p-66f), splat<BF16>(b)}; }
     __device__ static Affine of_half(uint32_t d) { return of(f16_bits_to_f32(static_cast<uint16_t>(d)), 0.0f); }
     template <int kOff, bool kMin>
-    __device__ uint32_t value(uint32_t codes) const {
+    __device__ uint32_t value(uint32_t codes, float) const {  // (fp16's word base)
         const uint32_t q = hadd2<BF16>(codes, splat<BF16>(-0x1p66f * (128 + kOff)));  // exact
         return kMin ? hfma2<BF16>(q, a, b) : hmul2<BF16>(q, a);
     }
@@ -1741,7 +1741,7 @@ struct Affine<BF16, 8> {
     __device__ static Affine of(float a, float b) { return {a, b}; }
     __device__ static Affine of_half(uint32_t d) { return {f16_bits_to_f32(static_cast<uint16_t>(d)), 0.0f}; }
     template <int kOff, bool kMin>
-    __device__ uint32_t value(uint32_t codes) const {
+    __device__ uint32_t value(uint32_t codes, float) const {  // (fp16's word base)
         // 0x4B0000c is the float 2^23 + c: minus 2^23 + kOff, exact
         const float q0 = __uint_as_float(__byte_perm(codes, 0x4B000000u, 0x7440u)) - (8388608.0f + kOff);
         const float q1 = __uint_as_float(__byte_perm(codes, 0x4B000000u, 0x7442u)) - (8388608.0f + kOff);
@@ -1753,8 +1753,9 @@ struct Affine<BF16, 8> {
 // of a warp fall in distinct banks, Q6_K's rows padded for it), Row (what a row's stage holds for
 // all its chunks: scales, high bits), Half (the codes of the chunks 2h, 2h + 1 of x half h,
 // loaded for kSpan halves at once: those that share their bytes; half<T>, for the words
-// T takes), and chunk<T>(): chunk 2h + u's code words [st][e] and scale groups [st] (with
-// the words' base, fp16); kBits: the codes' width (Affine);
+// T takes), and chunk<T>(): chunk 2h + u's code words [st][e] and scale groups [st];
+// base(h, u, st): fp16 code words' base (1024, or kHighBase where chunk() keeps high
+// nibbles in place); kBits: the codes' width (Affine);
 // kDeepXRing: a deeper ring measured faster (gg::max_x_ring).
 //
 // Q4_0 and Q8_0: eight 32-element blocks of an fp16 d and codes; Codes::load(q, t, c)
@@ -1790,8 +1791,8 @@ struct Block32G {
 #pragma unroll
             for (int e = 0; e < 2; ++e) c[st][e] = w.q[u][st][e];
         f[0] = f[1] = Affine<T, kBits>::of_half(w.d[u]);
-        if constexpr (std::is_same_v<T, F16>) f[0].base = Codes::base(0), f[1].base = Codes::base(1);
     }
+    __device__ static constexpr float base(int, int, int st) { return Codes::base(st); }
 };
 
 // Q4_0: element i < 16 in the low nibble of code byte i, i >= 16 in the high one of byte
@@ -1883,13 +1884,13 @@ struct QK45G {
             const uint32_t j = s & 3;
             const uint32_t scale_min = with_exponent(__byte_perm(sc, mn, j | (j + 4) << 8), 0x00FF00FFu);
             f[0] = f[1] = Affine<T, kBits>::of_products(scale_min, r.h.x ^ 0x80000000u);
-            if (u) f[0].base = f[1].base = kHighBase;
         } else {
             const float d = gguf::half_lo(r.h.x), dmin = gguf::half_hi(r.h.x);
             f[0] = f[1] = Affine<T, kBits>::of(d * gguf::byte_minus(sc, s & 3, 0.0f),
                                                -(dmin * gguf::byte_minus(mn, s & 3, 0.0f)));
         }
     }
+    __device__ static constexpr float base(int, int u, int) { return u ? kHighBase : 1024.0f; }
 };
 
 // Q6_K: one super-block of 210 bytes (on 2 bytes: the box starts on the 16 bytes at or
@@ -1956,9 +1957,9 @@ struct Q6_KG {
             const uint32_t w = __byte_perm(r.sc[4 * hf + q] ^ 0x8080u, 0u, 0x4140u);
             const uint32_t p = Affine<T, kBits>::products(with_exponent(w, 0x00FF00FFu), 128.0f, r.d2);
             f[0] = {__byte_perm(p, 0u, 0x1010u), 0u}, f[1] = {__byte_perm(p, 0u, 0x3232u), 0u};
-            if (h & 1) f[0].base = f[1].base = kHighBase;
         }
     }
+    __device__ static constexpr float base(int h, int, int) { return (h & 1) ? kHighBase : 1024.0f; }
 };
 
 template <class Fmt>
@@ -2078,8 +2079,8 @@ gguf_gemm90_kernel(int64_t m, int64_t k_in, int64_t n_out,
                     for (int st = 0; st < 2; ++st)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            a[u][st][2 * e] = fa[st].template value<F::kOff, F::kMin>(ca[st][e]);
-                            a[u][st][2 * e + 1] = fb[st].template value<F::kOff, F::kMin>(cb[st][e]);
+                            a[u][st][2 * e] = fa[st].template value<F::kOff, F::kMin>(ca[st][e], F::base(h, u, st));
+                            a[u][st][2 * e + 1] = fb[st].template value<F::kOff, F::kMin>(cb[st][e], F::base(h, u, st));
                         }
                     wgmma_fence();
 #pragma unroll

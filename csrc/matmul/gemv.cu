@@ -1023,7 +1023,8 @@ inline int stream_stages(int before, int stage_bytes, int budget = kStreamSmem) 
 // the whole kernel where resident_x_stride allows (and may_reside), else `slot_rows` of
 // them copied with each stage; as many ring stages of stage_bytes(x rows a slot) as fit
 // after the `table` bytes and resident x, at most `resident_most` where x is resident
-// (resident_ring_stages). x_read: the bytes a lane reads of x at a time (x_row_stride).
+// (resident_ring_stages). x_read: the bytes a lane reads of x at a time (x_row_stride);
+// resident_extra: bytes a resident x takes beside its rows (the GGUF stream's means).
 // Run it where ring >= 2.
 struct StreamLaunch {
     int ctas = 0, x_stride = 0, before = 0, stage = 0, ring = 0;
@@ -1033,12 +1034,12 @@ template <class StageBytes>
 cudaError_t stream_launch(int64_t n_out, int64_t k_in, int rows, int slot_rows, bool may_reside,
                           int x_read, int table, StageBytes &&stage_bytes, int resident_most,
                           StreamLaunch &l, int resident_limit = kResidentX,
-                          int budget = kStreamSmem) {
+                          int budget = kStreamSmem, int resident_extra = 0) {
     const cudaError_t err = grid_for(blocks_of(n_out, kTileRows), 1, &l.ctas);
     if (err != cudaSuccess) return err;
     auto plan = [&](int limit) {
         l.x_stride = may_reside ? resident_x_stride(rows, k_in, n_out, l.ctas, x_read, limit) : 0;
-        l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) : 0);
+        l.before = table + (l.x_stride ? resident_x_bytes(rows, l.x_stride) + resident_extra : 0);
         l.stage = stage_bytes(l.x_stride ? 0 : slot_rows);
         l.ring = stream_stages(l.before, l.stage, budget);
     };
@@ -1636,7 +1637,7 @@ kbit_status bnb4_entry(const void *x, int64_t m, int64_t k_in, int64_t n_out, kb
 // GGUF at m <= 8 NT on sm_90: the streamed kernel (gguf_stream.cuh) where it reads the
 // weight and a ring of two stages fits, its stages of kR row tiles (stage_tiles); runs it
 // (err: its launch status) and returns true, or returns false for the direct kernels.
-template <class T, class Fmt, int NT, int kR>
+template <class T, class Fmt, int NT, int kR, bool kMeans = false>
 bool launch_gguf_stream_r(const uint8_t *blocks, const void *x, int64_t m, int64_t k_in,
                           int64_t n_out, const void *bias, void *y, const StreamLaunch &l,
                           cudaStream_t stream, cudaError_t &err) {
@@ -1644,7 +1645,7 @@ bool launch_gguf_stream_r(const uint8_t *blocks, const void *x, int64_t m, int64
     if (l.ring < 2) return false;
     CUtensorMap map;
     if (gguf_stream::weight_map<Fmt, kR>(&map, blocks, k_in, n_out) != cudaSuccess) return false;
-    constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT, kR>;
+    constexpr auto kernel = gemv_gguf_kernel<T, Fmt, NT, kR, kMeans>;
     err = allow_smem<kernel>(kStreamSmem);
     if (err != cudaSuccess) return true;
     kernel<<<l.ctas, kStreamThreads, l.smem(), stream>>>(
@@ -1662,13 +1663,19 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     if (compute_major(&major) != cudaSuccess || major < 9) return false;
     const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
-    StreamLaunch l;  // x held for the whole kernel with one n8 tile only
-    err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,
-                        gguf_stream::Stage<Fmt, 1>::bytes,
-                        resident_ring_stages(gguf_stream::decode_ahead<Fmt>()), l);
-    if (err != cudaSuccess) return true;
     int sms = 0;  // a CTA an SM
     err = sm_count(&sms);
+    if (err != cudaSuccess) return true;
+    // x held for the whole kernel with one n8 tile only, Q4_K's means beside it
+    // where a CTA will have enough row tiles (mins_by_means)
+    const int64_t tiles = blocks_of(n_out, kTileRows);
+    const int ctas = static_cast<int>(tiles < sms ? tiles : sms);  // as stream_launch
+    const bool means = gguf_stream::mins_by_means<Fmt, NT>(n_out, ctas);
+    StreamLaunch l;
+    err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,
+                        gguf_stream::Stage<Fmt, 1>::bytes,
+                        resident_ring_stages(gguf_stream::decode_ahead<Fmt>()), l, kResidentX,
+                        kStreamSmem, means ? gguf_stream::means_bytes(rows, k_in) : 0);
     if (err != cudaSuccess) return true;
     const int64_t x_bytes = l.x_stride ? 0 : int64_t{slot_rows} * k_in * 2;
     const int r = gguf_stream::stage_tiles<Fmt>(n_out, k_in, x_bytes, sms, l.ring >= 2);
@@ -1681,6 +1688,11 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
             return launch_gguf_stream_r<T, Fmt, NT, 4>(blocks, x, m, k_in, n_out, bias, y, l,
                                                        stream, err);
         }
+    }
+    if constexpr (gguf_stream::Stream<Fmt>::kMeans && NT == 1) {
+        if (means && l.x_stride)
+            return launch_gguf_stream_r<T, Fmt, NT, 1, true>(blocks, x, m, k_in, n_out, bias, y, l,
+                                                             stream, err);
     }
     return launch_gguf_stream_r<T, Fmt, NT, 1>(blocks, x, m, k_in, n_out, bias, y, l, stream, err);
 }

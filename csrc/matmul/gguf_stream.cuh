@@ -23,7 +23,8 @@
 // pair; the offsets and the k-quants' 6/8-bit sub-block scales are folded in with one
 // packed add or fma, exact or rounded once to T. Each scale group's fp32 mma sums are
 // multiplied by its fp16 super-scale (d, and dmin for the k-quant mins, whose sums come
-// from a second mma with the min broadcast along k).
+// from a second mma with the min broadcast along k, or for Q4_K where x is resident from
+// one m16n8k8 a unit against x's sub-block means: MeansAt).
 //
 // Needs blocks on 16 bytes, rows whose stage pieces are whole 16-byte runs (k_in % 256
 // == 0; Q6_K: % 2048) and the map's 32-bit coordinates; streams() says so. Otherwise the
@@ -103,17 +104,65 @@ __device__ __forceinline__ void scale_add(Sums<NT> &acc, const Sums<NT> &c, floa
     }
 }
 
+// x's sub-block means, for Q4_K's mins where x is resident and one n8 tile (NT = 1):
+// the mins' sums m (x_0 + .. + x_31) of a sub-block and row of x, one mma a unit
+// instead of one a sub-block (bench/RESULTS.md, session 32). Lane (g, t) keeps the mean
+// of sub-block t of each of its units in row g of x as a pair of T, hi + lo (the B
+// fragment of an m16n8k8 against the four sub-blocks' mins): it computes it from x in the
+// CTA's first tile group, whose stages bring x, and reads it back in the later ones (a
+// consumer barrier between, store_stream_group's). Rows of k_in / 32 + 4 words: rows g
+// land in distinct banks. The first group's means cost about three units' saving, so
+// the launcher takes them where a CTA has kMeansMinTiles row tiles or more.
+constexpr int kMeansMinTiles = 6;
+struct MeansAt {
+    uint32_t at = 0, x = 0;  // the lane's word of the unit; its sub-block of x
+    bool first = false;      // the CTA's first tile group
+    bool store = false;      // the lane owns its word (g < x's rows)
+};
+__host__ __device__ constexpr int means_stride(int64_t k_in) {
+    return static_cast<int>((k_in / kChunk + 4) * 4);
+}
+__host__ __device__ constexpr int means_bytes(int x_rows, int64_t k_in) {
+    return (x_rows * means_stride(k_in) + 127) / 128 * 128;
+}
+// The mean of the 32 elements of T at `at` (on 16 bytes) as the pair (hi, lo), hi + lo
+// within 2^-22 (fp16) or 2^-16 (bf16) of the float32 mean; the mean of fp16 values is
+// never past fp16's range.
+template <class T>
+__device__ __forceinline__ uint32_t x_mean(uint32_t at) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint4 v = lds_u32x4(at + 16 * i);
+        const float2 a = unpack2<T>(v.x), b = unpack2<T>(v.y), c = unpack2<T>(v.z),
+                     d = unpack2<T>(v.w);
+        s += ((a.x + a.y) + (b.x + b.y)) + ((c.x + c.y) + (d.x + d.y));
+    }
+    const float mean = s * (1.0f / kChunk), hi = unpack2<T>(splat<T>(mean)).x;
+    return pack2(T{}, hi, mean - hi);
+}
+// The lane's word of its unit: computed and kept (first group) or read back.
+template <class T>
+__device__ __forceinline__ uint32_t means_word(const MeansAt &m) {
+    if (!m.first) return lds_u32(m.at);
+    const uint32_t w = x_mean<T>(m.x);
+    if (m.store) sts_u32(m.at, w);
+    return w;
+}
+
 // The unit's arguments: shared addresses of its first byte in rows g and g+8, and the
 // lane's x at the unit's first element (element 4t of row g of x; of the last row where
 // x has fewer rows: their sums are never stored; tile nt's rows x_nt * nt bytes further).
 struct UnitAt {
     uint32_t wa, wb, x, x_nt;
     int t;
+    MeansAt means;  // (run_means)
 };
 
 // ---- formats -----------------------------------------------------------------------------
 //
-// run<T, NT>(u, odd_half, aligned4, acc): the unit's sums into the C fragments acc;
+// run<T, NT>(u, odd_half, aligned4, acc): the unit's sums into the C fragments acc (the
+// Q4_K's run_means<T>(u, odd_half, acc) too: its mins against x's means);
 // odd_half: the unit is the second half of a 256-element super-block (k-quants),
 // aligned4: its block starts on 4 bytes (only Q6_K's 210-byte blocks may not; the others'
 // alignment is fixed per chunk). Each format turns these run-time facts, the same for a
@@ -127,6 +176,7 @@ struct UnitAt {
 template <class Codes>
 struct Block32S {
     using Fmt = typename Codes::Fmt;
+    static constexpr bool kMeans = false;
     static constexpr int kStreamK = 256;  // 8 blocks: whole 16-byte runs
     template <class T, int NT>
     static __device__ __forceinline__ void run(const UnitAt &u, bool, bool, Sums<NT> &acc) {
@@ -195,7 +245,23 @@ struct QK45S {
     using Fmt = gguf::QK_45<kFifthBit>;
     using Block = typename Fmt::Block;
     static constexpr int kStreamK = 256;  // one block: 144 or 176 bytes
-    template <class T, int kHalf, int NT>
+    // the mins against x's means where x is resident (MeansAt): Q4_K; Q5_K measured 1%
+    // slower on 28672x8192 at m = 1..4 (3% faster on 14336x4096), where it already
+    // streams as fast as Q4_K with them (bench/RESULTS.md, session 32)
+    static constexpr bool kMeans = !kFifthBit;
+    // whether T keeps the high nibbles in place (fp16's 10 mantissa bits hold 16 q; not
+    // with Q5_K's fifth bit above them, nor in bf16's 7)
+    template <class T>
+    static constexpr bool kHighInPlace = Pack<T>::kF16 && !kFifthBit;
+    // A scale word base + sc as the pair sc (or sc / 16 for high nibbles in place).
+    template <class T>
+    static __device__ __forceinline__ uint32_t sub_block_scale(uint32_t biased, bool in_place) {
+        constexpr float kBase = Pack<T>::kBase;
+        return in_place ? hfma2<T>(biased, splat<T>(1.0f / 16), splat<T>(-kBase / 16))
+                        : hadd2<T>(biased, splat<T>(-kBase));
+    }
+    // kMeans: the mins against x's sub-block means (MeansAt), else an mma a sub-block
+    template <class T, int kHalf, bool kMeans, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const uint4 ha = lds_u32x4(u.wa), hb = lds_u32x4(u.wb);  // d, dmin, scales[12]
         uint32_t qha[2] = {}, qhb[2] = {};
@@ -218,19 +284,23 @@ struct QK45S {
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 const int j = 2 * jp + hi, s = 4 * kHalf + j;  // sub-block
+                // Q4_K, fp16: a high nibble kept in place is the byte 16 q, base + 16 q
+                // under the exponent: its scale sc / 16 (exact) gives q sc as well
+                const bool in_place = hi && kHighInPlace<T>;
                 uint32_t ca[2], cb[2];  // codes of steps 0, 1
 #pragma unroll
                 for (int st = 0; st < 2; ++st) {
-                    ca[st] = (hi ? wa[st] >> 4 : wa[st]) & gguf::kLow4;
-                    cb[st] = (hi ? wb[st] >> 4 : wb[st]) & gguf::kLow4;
+                    ca[st] = in_place ? wa[st] & ~gguf::kLow4 : (hi ? wa[st] >> 4 : wa[st]) & gguf::kLow4;
+                    cb[st] = in_place ? wb[st] & ~gguf::kLow4 : (hi ? wb[st] >> 4 : wb[st]) & gguf::kLow4;
                     if constexpr (kFifthBit) {
                         ca[st] |= (s <= 4 ? qha[st] << (4 - s) : qha[st] >> (s - 4)) & 0x10101010u;
                         cb[st] |= (s <= 4 ? qhb[st] << (4 - s) : qhb[st] >> (s - 4)) & 0x10101010u;
                     }
                 }
-                // (base + q) * sc - base * sc = q * sc, rounded once
-                const uint32_t sa = hadd2<T>(biased_splat<T>(sca, j), nbase);
-                const uint32_t sb = hadd2<T>(biased_splat<T>(scb, j), nbase);
+                // (base + q) * sc - base * sc = q * sc, rounded once; in place, with sc / 16 =
+                // (base + sc) / 16 - base / 16 exactly
+                const uint32_t sa = sub_block_scale<T>(biased_splat<T>(sca, j), in_place);
+                const uint32_t sb = sub_block_scale<T>(biased_splat<T>(scb, j), in_place);
                 const uint32_t oa = hmul2<T>(sa, nbase), ob = hmul2<T>(sb, nbase);
                 Frag st[2];
 #pragma unroll
@@ -240,12 +310,21 @@ struct QK45S {
                                  hfma2<T>(biased<T>(cb[i], 0), sb, ob),
                                  hfma2<T>(biased<T>(cb[i], 1), sb, ob));
                 mma_chunk<T>(c1, st[0], st[1], u.x + j * kChunk * 2, u.x_nt);
-                // the mins, broadcast along k: sum of m x over the sub-block
-                const uint32_t ma = hadd2<T>(biased_splat<T>(mna, j), nbase);
-                const uint32_t mb = hadd2<T>(biased_splat<T>(mnb, j), nbase);
-                const Frag mf = frag(ma, ma, mb, mb);
-                mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2, u.x_nt);
+                if constexpr (!kMeans) {  // the mins, broadcast along k: sum of m x
+                    const uint32_t ma = hadd2<T>(biased_splat<T>(mna, j), nbase);
+                    const uint32_t mb = hadd2<T>(biased_splat<T>(mnb, j), nbase);
+                    const Frag mf = frag(ma, ma, mb, mb);
+                    mma_chunk<T>(c2, mf, mf, u.x + j * kChunk * 2, u.x_nt);
+                }
             }
+        }
+        if constexpr (kMeans) {
+            static_assert(NT == 1, "x's means: one n8 tile");
+            // k 2t, 2t + 1: 32 m of lane t's sub-block, (base + m) 32 - 32 base exactly,
+            // in both halves, against its mean's (hi, lo)
+            const uint32_t k32 = splat<T>(kChunk), off = splat<T>(-kChunk * Pack<T>::kBase);
+            mma_1688(T{}, c2.v[0], hfma2<T>(biased_splat<T>(mna, u.t), k32, off),
+                     hfma2<T>(biased_splat<T>(mnb, u.t), k32, off), means_word<T>(u.means));
         }
         const float da = f16_bits_to_f32(static_cast<uint16_t>(ha.x));
         const float db = f16_bits_to_f32(static_cast<uint16_t>(hb.x));
@@ -257,8 +336,13 @@ struct QK45S {
     template <class T, int NT>
     static __device__ __forceinline__ void run(const UnitAt &u, bool odd_half, bool,
                                                Sums<NT> &acc) {
-        if (odd_half) unit<T, 1, NT>(u, acc);
-        else unit<T, 0, NT>(u, acc);
+        if (odd_half) unit<T, 1, false, NT>(u, acc);
+        else unit<T, 0, false, NT>(u, acc);
+    }
+    template <class T>
+    static __device__ __forceinline__ void run_means(const UnitAt &u, bool odd_half, Sums<1> &acc) {
+        if (odd_half) unit<T, 1, true, 1>(u, acc);
+        else unit<T, 0, true, 1>(u, acc);
     }
 };
 
@@ -268,6 +352,7 @@ struct QK45S {
 // chunk is one scale. 210-byte blocks: a unit's block starts on 4 bytes or on 2.
 struct Q6_KS {
     using Fmt = gguf::Q6_K;
+    static constexpr bool kMeans = false;
     static constexpr int kStreamK = 2048;  // 8 blocks: 1680 bytes
     struct Row {
         uint32_t ql[2][2], qh[2], sc[2];  // ql[r & 1][step], qh[step], scales 8 kHalf ..
@@ -385,6 +470,14 @@ struct Stage {
     }
 };
 
+// Whether a launch over `ctas` CTAs takes the mins against x's means (MeansAt) where x is
+// resident: Q4_K (Stream::kMeans), one n8 tile and kMeansMinTiles row tiles a CTA or more.
+template <class Fmt, int NT>
+bool mins_by_means(int64_t n_out, int ctas) {
+    return Stream<Fmt>::kMeans && NT == 1 &&
+           (n_out + kTileRows - 1) / kTileRows >= int64_t{kMeansMinTiles} * ctas;
+}
+
 // Whether a format's decode runs well ahead of its copies, for the ring's depth where x is
 // resident (gemv.cu, resident_ring_stages): all but Q4_K's, which comes nearest its copies
 // and measured faster with four stages, the others with three (bench/RESULTS.md, session 24).
@@ -485,8 +578,9 @@ __device__ __forceinline__ void store_stream_group(Sums<NT> &acc, int64_t tile0,
 }
 
 // NT n8 tiles of x (8 NT rows) a pass, sharing each chunk's decode (m = 9..16: NT = 2;
-// from 16 or 17 rows the GGUF GEMM of gemm_sm90.cu); stages of kR row tiles (a tile group; gguf_stream::Stage).
-template <class T, class Fmt, int NT, int kR>
+// from 16 or 17 rows the GGUF GEMM of gemm_sm90.cu); stages of kR row tiles (a tile group; gguf_stream::Stage);
+// kMeans: Q4_K's mins against x's means (MeansAt; x resident, NT = kR = 1).
+template <class T, class Fmt, int NT, int kR, bool kMeans>
 __global__ void __launch_bounds__(kStreamThreads, 1)
 gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                  const typename T::storage *__restrict__ x, int64_t m, int64_t k_in, int64_t n_out,
@@ -516,7 +610,10 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     const int x_rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const ResidentX rx{NT == 1 && kR == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
-    const uint32_t ring_at = rx.ring_at();
+    // x's sub-block means beside a resident x (MeansAt), then the ring
+    static_assert(!kMeans || (S::kMeans && NT == 1 && kR == 1), "x's means: Q4_K, NT = kR = 1");
+    const uint32_t means_at = rx.ring_at();
+    const uint32_t ring_at = means_at + (kMeans ? means_bytes(x_rows, k_in) : 0);
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
     if (threadIdx.x == 0) ring_init(full_at, empty_at, ring_stages);
     __syncthreads();
@@ -579,6 +676,12 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                j * kUnitK * 2 + 8 * t);
     const bool odd_half = (j & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
+    // the lane's means word and sub-block of x of unit j (the stage's units g0 further)
+    const int x_row = min(g, x_rows - 1);
+    const uint32_t means_lane =
+        kMeans ? opaque(means_at + x_row * means_stride(k_in) + (4 * j + t) * 4) : 0;
+    const uint32_t x_sub = kMeans ? opaque(rx.row_at(x_row) + (j * kUnitK + t * kChunk) * 2) : 0;
+    u.means.store = g < x_rows;
 
     Sums<NT> acc;
     RingSlot c;
@@ -591,7 +694,14 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
             u.wa = at + w_lane;
             u.wb = u.wa + 8 * St::kPieceStride;
             u.x = rx.on() ? x_lane + g0 * (kUnitK * 2) + zero : at + x_lane;
-            S::template run<T, NT>(u, odd_half, aligned4, acc);
+            if constexpr (kMeans) {
+                u.means.at = means_lane + g0 * 16 + zero;
+                u.means.x = x_sub + g0 * (kUnitK * 2) + zero;
+                u.means.first = q < stages_per_group;
+                S::template run_means<T>(u, odd_half, acc);
+            } else {
+                S::template run<T, NT>(u, odd_half, aligned4, acc);
+            }
         }
         mbar_arrive(empty_at + 8 * c.slot);
         c.next(ring_stages, stage_bytes);
