@@ -131,8 +131,8 @@ KBIT_HD void scales_mins_k4(uint32_t s0, uint32_t s1, uint32_t s2, int half, uin
 
 // ---- formats: decode elements e0 .. e0+G-1 of the block behind `ld` into y ---------
 //
-// G is 4 or 8 and e0 a multiple of G, so a group never straddles a sub-block or a run
-// of packed bytes. Loader interface: ld.template words<N, OffAlign>(off, w) fills
+// G is 4, 8 or 16 (the host's) and e0 a multiple of G, so a group never straddles a
+// sub-block, a scale group or a run of packed bytes. Loader interface: ld.template words<N, OffAlign>(off, w) fills
 // w[0..N-1] with the 4N bytes at byte offset `off` of the block, off being a multiple
 // of OffAlign (>= 2); ld.u16(off) reads 2 bytes at an even offset, ld.byte(off) one.
 // Every load comes before any use of a loaded value: the device loader may branch on
@@ -247,7 +247,7 @@ struct HostLoader {
 // of the block at `block`, in ggml's element order.
 template <class Fmt>
 inline void dequantize_block_host(const uint8_t *block, float *out) {
-    constexpr int kGroup = 8;
+    constexpr int kGroup = 16;  // the largest group every format takes (Q4_0, Q6_K)
     const HostLoader ld{block};
     for (int e0 = 0; e0 < Fmt::kElems; e0 += kGroup) {
         float y[kGroup];
