@@ -137,7 +137,7 @@ emulated-check: deps
 	        >/dev/null && cmake --build $$dir -j --target kbit || exit 1; \
 	    KBIT_LIBRARY=$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 $(PYTHON) -c "import kbit._lib as l; \
 	        p = l.lib()._name; assert p == '$$dir/libkbit.so', 'loaded ' + p" || exit 1; \
-	    KBIT_LIBRARY=$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 $(PYTHON) -m pytest \
+	    KBIT_LIBRARY=$$dir/libkbit.so KBIT_LIBRARY_FIRST=1 KBIT_TEST_EMULATED=$$name $(PYTHON) -m pytest \
 	        $(EMULATE_TESTS) -q -rs -p no:cacheprovider || exit 1; \
 	done
 

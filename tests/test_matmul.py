@@ -598,38 +598,59 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
 
 
 def means_rows():
-    """Rows of W that give every SM six row tiles or more, where the streamed GEMV takes
-    Q4_K's mins against x's sub-block means (gguf_stream::kMeansMinTiles), the last tile
+    """Rows of W that give every SM six row tiles, where the streamed GEMV takes Q4_K's
+    mins against x's sub-block means (gguf_stream::kMeansMinTiles), the last tile
     partial."""
     import torch
     return 16 * 6 * torch.cuda.get_device_properties(0).multi_processor_count + 40
 
 
+def streamed_means(qtype, n_out, k_in, m):
+    """Whether sm_90's streamed GGUF GEMV takes the mins against x's means: Q4_K, x held
+    for the whole kernel (resident_x_stride: three row tiles a CTA, x's rows within 72
+    KB) and six row tiles a CTA (a CTA an SM)."""
+    import torch
+    tiles = -(-n_out // 16)
+    ctas = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
+    x_bytes = m * (-(-2 * k_in // 128) * 128 + 32)
+    return qtype == "Q4_K" and m <= 8 and x_bytes <= 72 * 1024 and tiles >= 6 * ctas
+
+
+def hopper_kernels():
+    """Whether the kernels launched are sm_90's: an sm_90 GPU, not a library built to
+    report an older one (make emulated-check)."""
+    import os
+    import torch
+    return torch.cuda.get_device_capability() == (9, 0) and not os.environ.get("KBIT_TEST_EMULATED")
+
+
 @requires_gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_gguf_streamed_means(rng, qtype, dtype):
-    """The k-quants' mins in the streamed GEMV where x is held for the whole kernel
-    (m <= 4: x's rows fit), with x = 4 + N(0, 1) so that the mins' part of y is large.
-    Q4_K on means_rows() x 2304 (18 units a row: two stages a tile group, the last
-    short) against x's sub-block means, which each lane computes in its CTA's first tile
-    group, as x arrives, and reads back in the later ones; on 8500 x 8448 (fewer tiles a
-    CTA on 132 SMs) and Q5_K by an mma a sub-block (the launched kernel checked); fp32 x
-    through the generic kernel. Against the reference and the host."""
+    """The k-quants' mins in the streamed GEMV. x's sub-blocks each get their own offset
+    (uniform in [-4, 4], plus N(0, 1)), so that the mins' part of y is large and a mean
+    read for the wrong sub-block, row or unit would show. Q4_K on means_rows() x 2304 (18
+    units a row: two stages a tile group, the last short; x held for the whole kernel,
+    m = 1..8) against x's sub-block means, which each lane computes in its CTA's first
+    tile group, as x arrives, and reads back in the later ones; 8500 x 8448 (m <= 4 held;
+    the means only on 88 SMs or fewer), 2200 rows (x with the stages) and Q5_K by an mma
+    a sub-block; on sm_90 the launched kernel checked. Against the reference and the
+    host."""
     from test_tiled import launched
-    for n_out, k_in in ((means_rows(), 2304), (8500, 8448)):
+    for n_out, k_in, ms in ((means_rows(), 2304, range(1, 9)), (8500, 8448, range(1, 5)),
+                            (2200, 2048, (1, 4))):
         w, w64 = gpu_case(rng, qtype, n_out, k_in)
-        for m in (1, 3, 4):
-            x = as_dtype(4.0 + rng.standard_normal((m, k_in)).astype(np.float32), dtype)
+        for m in ms:
+            offsets = np.repeat(rng.uniform(-4, 4, (m, k_in // 32)), 32, axis=1)
+            x = as_dtype((offsets + rng.standard_normal((m, k_in))).astype(np.float32), dtype)
             check_gpu(rng, w, w64, m, dtype, m == 3, f"{qtype} {dtype} {n_out}x{k_in} m={m}",
                       x=x)
-        if dtype == "float32":
-            continue  # (the generic kernel)
-        # the launched kernel's (NT, kR, kMeans)
-        x_t, w_d = cuda_x(x, dtype), to_device(w)
-        means = "true" if qtype == "Q4_K" and n_out == means_rows() else "false"
-        assert launched(lambda: kbit.matmul(x_t, w_d),
-                        r"gemv_gguf_kernel<.*, (\d+), (\d+), (true|false)>") == [("1", "1", means)]
+        if hopper_kernels():  # the launched kernel's (NT, kR, kMeans), at the last m
+            x_t, w_d = cuda_x(x, dtype), to_device(w)
+            means = "true" if streamed_means(qtype, n_out, k_in, m) else "false"
+            assert launched(lambda: kbit.matmul(x_t, w_d),
+                            r"gemv_gguf_kernel<.*, (\d+), (\d+), (true|false)>") == [("1", "1", means)]
 
 
 @requires_gpu

@@ -159,8 +159,7 @@ def test_gguf_streamed_resident_x_pieces(rng, qtype, k_in, ms):
     """The GGUF stream's resident x, which arrives a piece with each stage of a CTA's first
     group of row tiles and is read again by its later groups: 6400 rows (400 row tiles,
     three or more a CTA on 132 SMs), rows of several stages, the last one short, so that x
-    comes in several pieces, the ring wrapping inside the first group; Q4_K: x's
-    sub-block means, kept in the first group by each lane and read back later."""
+    comes in several pieces, the ring wrapping inside the first group."""
     for m in ms:
         _gguf_matmul(rng, qtype, 6400, k_in, m)
 
@@ -168,9 +167,10 @@ def test_gguf_streamed_resident_x_pieces(rng, qtype, k_in, ms):
 def test_gguf_streamed_means(rng):
     """Q4_K's mins against x's sub-block means in the streamed GEMV (six row tiles a CTA
     or more, x resident): each lane keeps its means in the CTA's first tile group and
-    reads them back in the later ones."""
+    reads them back in the later ones; one, three and eight rows of x (lanes past x's
+    rows read another's means)."""
     from test_matmul import means_rows
-    for m in (1, 4):
+    for m in (1, 3, 8):
         _gguf_matmul(rng, "Q4_K", means_rows(), 2304, m)
 
 

@@ -1800,7 +1800,7 @@ struct Block32G {
 struct Q4_0Codes {
     using Fmt = gguf::Q4_0;
     static constexpr int kOff = 8, kBits = 4;
-    __device__ static constexpr float base(int st) { return st ? kHighBase : 1024.0f; }  // fp16 x
+    __device__ static constexpr float base(int st) { return st ? kHighBase : 1024.0f; }  // fp16 words
     template <class T>
     __device__ static void load(uint32_t q, int t, uint32_t (&c)[2][2]) {
 #pragma unroll

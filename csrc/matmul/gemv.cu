@@ -1689,7 +1689,7 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
                                                        stream, err);
         }
     }
-    if constexpr (gguf_stream::Stream<Fmt>::kMeans && NT == 1) {
+    if constexpr (gguf_stream::Stream<Fmt>::kMinsByMeans && NT == 1) {
         if (means && l.x_stride)
             return launch_gguf_stream_r<T, Fmt, NT, 1, true>(blocks, x, m, k_in, n_out, bias, y, l,
                                                              stream, err);

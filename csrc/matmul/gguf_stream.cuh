@@ -23,8 +23,9 @@
 // pair; the offsets and the k-quants' 6/8-bit sub-block scales are folded in with one
 // packed add or fma, exact or rounded once to T. Each scale group's fp32 mma sums are
 // multiplied by its fp16 super-scale (d, and dmin for the k-quant mins, whose sums come
-// from a second mma with the min broadcast along k, or for Q4_K where x is resident from
-// one m16n8k8 a unit against x's sub-block means: MeansAt).
+// from a second mma with the min broadcast along k, or for Q4_K where x is resident and a
+// CTA has six row tiles or more from one m16n8k8 a unit against x's sub-block means:
+// MeansAt).
 //
 // Needs blocks on 16 bytes, rows whose stage pieces are whole 16-byte runs (k_in % 256
 // == 0; Q6_K: % 2048) and the map's 32-bit coordinates; streams() says so. Otherwise the
@@ -126,8 +127,9 @@ __host__ __device__ constexpr int means_bytes(int x_rows, int64_t k_in) {
     return (x_rows * means_stride(k_in) + 127) / 128 * 128;
 }
 // The mean of the 32 elements of T at `at` (on 16 bytes) as the pair (hi, lo), hi + lo
-// within 2^-22 (fp16) or 2^-16 (bf16) of the float32 mean; the mean of fp16 values is
-// never past fp16's range.
+// within 2^-22 (fp16) or 2^-16 (bf16) of the float32 mean where lo is a normal number
+// (fp16: |mean| from about 2^-3; below, lo's subnormals round to 2^-24); the mean of
+// fp16 values is never past fp16's range.
 template <class T>
 __device__ __forceinline__ uint32_t x_mean(uint32_t at) {
     float s = 0.0f;
@@ -176,7 +178,7 @@ struct UnitAt {
 template <class Codes>
 struct Block32S {
     using Fmt = typename Codes::Fmt;
-    static constexpr bool kMeans = false;
+    static constexpr bool kMinsByMeans = false;
     static constexpr int kStreamK = 256;  // 8 blocks: whole 16-byte runs
     template <class T, int NT>
     static __device__ __forceinline__ void run(const UnitAt &u, bool, bool, Sums<NT> &acc) {
@@ -248,17 +250,17 @@ struct QK45S {
     // the mins against x's means where x is resident (MeansAt): Q4_K; Q5_K measured 1%
     // slower on 28672x8192 at m = 1..4 (3% faster on 14336x4096), where it already
     // streams as fast as Q4_K with them (bench/RESULTS.md, session 32)
-    static constexpr bool kMeans = !kFifthBit;
+    static constexpr bool kMinsByMeans = !kFifthBit;
     // whether T keeps the high nibbles in place (fp16's 10 mantissa bits hold 16 q; not
     // with Q5_K's fifth bit above them, nor in bf16's 7)
     template <class T>
     static constexpr bool kHighInPlace = Pack<T>::kF16 && !kFifthBit;
     // A scale word base + sc as the pair sc (or sc / 16 for high nibbles in place).
     template <class T>
-    static __device__ __forceinline__ uint32_t sub_block_scale(uint32_t biased, bool in_place) {
+    static __device__ __forceinline__ uint32_t sub_block_scale(uint32_t word, bool in_place) {
         constexpr float kBase = Pack<T>::kBase;
-        return in_place ? hfma2<T>(biased, splat<T>(1.0f / 16), splat<T>(-kBase / 16))
-                        : hadd2<T>(biased, splat<T>(-kBase));
+        return in_place ? hfma2<T>(word, splat<T>(1.0f / 16), splat<T>(-kBase / 16))
+                        : hadd2<T>(word, splat<T>(-kBase));
     }
     // kMeans: the mins against x's sub-block means (MeansAt), else an mma a sub-block
     template <class T, int kHalf, bool kMeans, int NT>
@@ -352,7 +354,7 @@ struct QK45S {
 // chunk is one scale. 210-byte blocks: a unit's block starts on 4 bytes or on 2.
 struct Q6_KS {
     using Fmt = gguf::Q6_K;
-    static constexpr bool kMeans = false;
+    static constexpr bool kMinsByMeans = false;
     static constexpr int kStreamK = 2048;  // 8 blocks: 1680 bytes
     struct Row {
         uint32_t ql[2][2], qh[2], sc[2];  // ql[r & 1][step], qh[step], scales 8 kHalf ..
@@ -471,10 +473,11 @@ struct Stage {
 };
 
 // Whether a launch over `ctas` CTAs takes the mins against x's means (MeansAt) where x is
-// resident: Q4_K (Stream::kMeans), one n8 tile and kMeansMinTiles row tiles a CTA or more.
+// resident: Q4_K (Stream::kMinsByMeans), one n8 tile and kMeansMinTiles row tiles a CTA or
+// more.
 template <class Fmt, int NT>
 bool mins_by_means(int64_t n_out, int ctas) {
-    return Stream<Fmt>::kMeans && NT == 1 &&
+    return Stream<Fmt>::kMinsByMeans && NT == 1 &&
            (n_out + kTileRows - 1) / kTileRows >= int64_t{kMeansMinTiles} * ctas;
 }
 
@@ -611,7 +614,7 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
     const ResidentX rx{NT == 1 && kR == 1 ? x_stride : 0, x_rows, smem_address(smem)};
     const int stage_bytes = St::bytes(rx.on() ? 0 : slot_x_rows<NT>(x_rows));
     // x's sub-block means beside a resident x (MeansAt), then the ring
-    static_assert(!kMeans || (S::kMeans && NT == 1 && kR == 1), "x's means: Q4_K, NT = kR = 1");
+    static_assert(!kMeans || (S::kMinsByMeans && NT == 1 && kR == 1), "x's means: Q4_K, NT = kR = 1");
     const uint32_t means_at = rx.ring_at();
     const uint32_t ring_at = means_at + (kMeans ? means_bytes(x_rows, k_in) : 0);
     const uint32_t full_at = smem_address(full), empty_at = smem_address(empty);
