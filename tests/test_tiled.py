@@ -9,9 +9,10 @@ import pytest
 import kbit
 from kbit import reference as R
 from kbit._lib import function
-from conftest import requires_gpu
-from test_matmul import (DT_ID, TOL, as_dtype, as_f64, check_accuracy, cuda_x, from_cuda, kbit_weight,
-                         magnitude, poisoned_cuda, random_x, reference, workspace_bytes)
+from conftest import GPU_SKIP_REASON, requires_gpu
+from test_matmul import (DT_ID, TOL, as_dtype, as_f64, check_accuracy, cuda_x, from_cuda,
+                         hopper_kernels, kbit_weight, magnitude, poisoned_cuda, random_x,
+                         reference, workspace_bytes)
 
 FORMATS = {"fp32": 0, "fp16": 1, "e4m4": 2}
 SHAPES = ((1, 32), (7, 96), (17, 160), (33, 4096), (131, 128))
@@ -324,6 +325,19 @@ def test_gpu_streamed_gemv_shapes(rng, k):
     assert err <= TOL["float16"], f"K={k} 17024x4672 m=8, x resident: relative error {err:.3g}"
 
 
+def _h100_reason():
+    if GPU_SKIP_REASON is not None:
+        return GPU_SKIP_REASON
+    import torch
+    if not hopper_kernels() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        return "sm_90's kernels and plans for 132 SMs (an H100, not a library emulating an older GPU)"
+    return None
+
+
+# Tests of sm_90's kernels and plans as an H100 runs them.
+requires_h100_kernels = pytest.mark.skipif(_h100_reason() is not None, reason=_h100_reason() or "")
+
+
 def launched(run, pattern):
     """The match groups of the regular expression `pattern` in the names of the CUDA
     kernels that run() launches, as torch.profiler records them."""
@@ -366,8 +380,7 @@ def test_gpu_streamed_k2_kernels():
     dequantized W in float32 (plus the bias). On sm_90 (with up to 132 SMs: the streamed
     kernel's table and units depend on the CTAs) the launched kernel is checked too."""
     import torch
-    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
-        torch.cuda.get_device_properties(0).multi_processor_count <= 132
+    sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(5)
     # (n_out, k_in, m's, the kernel: K, quad-table copies, units a warp, row tiles a stage)
     for n_out, k_in, ms, kernel in ((6656, 16384, (1, 2), (2, 32, 1, 2)),
@@ -402,8 +415,7 @@ def test_gpu_streamed_resident_x_pieces(k):
     GPU, against x times the dequantized W in float32. On sm_90 (up to 132 SMs) the
     kernel launched with x resident is checked too."""
     import torch
-    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
-        torch.cuda.get_device_properties(0).multi_processor_count <= 132
+    sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(17 + k)
     n_out, k_in = 6400, 16416
     w = torch.randn(n_out, k_in, device="cuda", generator=gen)
@@ -436,8 +448,7 @@ def test_gpu_streamed_two_tiles_formats(rng, fmt, k):
     where a stage's x outweighs its W more than twice, and at m = 4, where it does not
     (one row tile a stage). On sm_90 with 132 SMs the launched kernel is checked too."""
     import torch
-    sm90 = torch.cuda.get_device_capability() == (9, 0) and \
-        torch.cuda.get_device_properties(0).multi_processor_count == 132
+    sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count == 132
     n_out, k_in = 4243, 2208
     q, w64 = kbit_weight(rng, n_out, k_in, k, fmt)
     t = kbit.tile(on_cuda(q))
@@ -644,6 +655,7 @@ def test_gpu_tiled_gemm_two_ctas_large_weight(k, fmt):
 
 
 @requires_gpu
+@requires_h100_kernels
 def test_gpu_gemm_even_walk(rng):
     """The persistent GEMMs' even walk to m = 64, where split k would leave the CTAs uneven
     (formats/matmul.h, tiled90_plan): each CTA takes an equal run of the tiles' k stages,
@@ -693,6 +705,7 @@ def test_gpu_gemm_even_walk(rng):
 
 
 @requires_gpu
+@requires_h100_kernels
 def test_gpu_gemm_even_walk_entry():
     """The even walk through the C entry (kbit_matmul_kbit_tiled) with a workspace and
     without one (then the plain plan, a tile a CTA): 8500 x 12288 (67 tiles of 128 rows,
@@ -729,6 +742,7 @@ def test_gpu_gemm_even_walk_entry():
 
 
 @requires_gpu
+@requires_h100_kernels
 def test_gpu_tiled_gemm_ctas():
     """CTAs an SM of the tiled GEMM (tiled_ctas): two at N = 16; at N = 32 two where the
     row tiles are half the SMs or more (8500 rows: 67) and one below (2113 rows: 17); at
