@@ -132,9 +132,10 @@ KBIT_HD void scales_mins_k4(uint32_t s0, uint32_t s1, uint32_t s2, int half, uin
 // ---- formats: decode elements e0 .. e0+G-1 of the block behind `ld` into y ---------
 //
 // G is 4, 8 or 16 (the host's) and e0 a multiple of G, so a group never straddles a
-// sub-block, a scale group or a run of packed bytes. Loader interface: ld.template words<N, OffAlign>(off, w) fills
-// w[0..N-1] with the 4N bytes at byte offset `off` of the block, off being a multiple
-// of OffAlign (>= 2); ld.u16(off) reads 2 bytes at an even offset, ld.byte(off) one.
+// sub-block, a scale group or a run of packed bytes. Loader interface: ld.template
+// words<N, OffAlign>(off, w) fills w[0..N-1] with the 4N bytes at byte offset `off` of
+// the block, off being a multiple of OffAlign (>= 2); ld.u16(off) reads 2 bytes at an
+// even offset, ld.byte(off) one.
 // Every load comes before any use of a loaded value: the device loader may branch on
 // alignment, and math placed before such a branch delays the loads behind it.
 

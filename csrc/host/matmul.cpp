@@ -36,7 +36,6 @@ constexpr int64_t kXFloats = 1 << 22;      // x converted to float32 at once (16
 // (with_k), so that the block decoder takes a plane byte's eight codes at once.
 template <bool kTiled, int K>
 struct KbitRows {
-    static constexpr int k = K;
     const void *packed;
     const void *absmax;
     kbit_absmax_format fmt;
@@ -49,7 +48,7 @@ struct KbitRows {
         for (int64_t c = 0; c < geo.chunks; ++c) {
             const int64_t b = r * geo.chunks + c;  // the block, as stored
             uint32_t rebuilt[5] = {0, 0, 0, 0, 0};
-            const uint32_t *words = static_cast<const uint32_t *>(packed) + b * k;
+            const uint32_t *words = static_cast<const uint32_t *>(packed) + b * K;
             int64_t scale = b;
             if constexpr (kTiled) {
                 const int sb = static_cast<int>(absmax_align(fmt));
@@ -58,10 +57,10 @@ struct KbitRows {
                 const int64_t seg0 = ((r / tiled::kTileRows) * geo.groups +
                                       c / tiled::kGroupChunks) * tiled::kLanes;
                 for (int t = 0; t < 4; ++t) {
-                    const uint8_t *seg = static_cast<const uint8_t *>(packed) + (seg0 + 4 * g + t) * 8 * k;
+                    const uint8_t *seg = static_cast<const uint8_t *>(packed) + (seg0 + 4 * g + t) * 8 * K;
                     for (int i = 0; i < 4; ++i)
-                        tiled::set_pair(rebuilt, k, 8 * t + 2 * i,
-                                        tiled::get_field(seg, k, (2 * u + half) * 4 + i));
+                        tiled::set_pair(rebuilt, K, 8 * t + 2 * i,
+                                        tiled::get_field(seg, K, (2 * u + half) * 4 + i));
                 }
                 words = rebuilt;
                 scale = tiled::scale_at(geo, r, c, sb) / sb;

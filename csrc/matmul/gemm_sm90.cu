@@ -1681,6 +1681,9 @@ __device__ __forceinline__ uint32_t with_bits(uint32_t c, uint32_t v, uint32_t m
 // a code's high bits may sit at bits 8, 9: codes of up to 6 bits); bf16 (7 mantissa bits,
 // below bit 7): shifted to bits 0..3, as with_exponent.
 constexpr float kHighBase = 64.0f;
+// The bit above a high_nibbles<T> word's 4-bit code, where a code's higher bits go.
+template <class T>
+constexpr int kHighTop = std::is_same_v<T, F16> ? 8 : 4;
 template <class T>
 __device__ __forceinline__ uint32_t high_nibbles(uint32_t v) {
     if constexpr (std::is_same_v<T, F16>) return lop3<0xEA>(v, 0x00F000F0u, 0x54005400u);
@@ -1872,7 +1875,7 @@ struct QK45G {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 // the fifth bit (bit s of qh) to bit 4, or 8 above a high nibble kept in place
-                const int top = u && std::is_same_v<T, F16> ? 8 : 4;
+                const int top = u ? kHighTop<T> : 4;
                 c[st][e] = u ? high_nibbles<T>(w.q[st][e]) : with_exponent(w.q[st][e], 0x000F000Fu);
                 if constexpr (kFifthBit)
                     c[st][e] = with_bits(c[st][e], s <= top ? r.qh[st][e] << (top - s) : r.qh[st][e] >> (s - top),
@@ -1942,7 +1945,7 @@ struct Q6_KG {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 // the high bits (2q, 2q + 1 of qh) to bits 4, 5, or 8, 9 above a high nibble kept in place
-                const int top = (h & 1) && std::is_same_v<T, F16> ? 8 : 4;
+                const int top = (h & 1) ? kHighTop<T> : 4;
                 const uint32_t hi = 2 * q <= top ? w.qh[st][e] << (top - 2 * q) : w.qh[st][e] >> (2 * q - top);
                 const uint32_t lo = (h & 1) ? high_nibbles<T>(w.ql[u][st][e]) : with_exponent(w.ql[u][st][e], 0x000F000Fu);
                 c[st][e] = with_bits(lo, hi, 0x00030003u << top);

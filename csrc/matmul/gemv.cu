@@ -1663,13 +1663,12 @@ bool launch_gguf_stream(const uint8_t *blocks, const void *x, int64_t m, int64_t
     if (compute_major(&major) != cudaSuccess || major < 9) return false;
     const int rows = static_cast<int>(m < kMaxM * NT ? m : kMaxM * NT);
     const int slot_rows = gguf_stream::slot_x_rows<NT>(rows);
-    int sms = 0;  // a CTA an SM
+    int sms = 0, ctas = 0;  // a CTA an SM (as stream_launch)
     err = sm_count(&sms);
+    if (err == cudaSuccess) err = grid_for(blocks_of(n_out, kTileRows), 1, &ctas);
     if (err != cudaSuccess) return true;
     // x held for the whole kernel with one n8 tile only, Q4_K's means beside it
     // where a CTA will have enough row tiles (mins_by_means)
-    const int64_t tiles = blocks_of(n_out, kTileRows);
-    const int ctas = static_cast<int>(tiles < sms ? tiles : sms);  // as stream_launch
     const bool means = gguf_stream::mins_by_means<Fmt, NT>(n_out, ctas);
     StreamLaunch l;
     err = stream_launch(n_out, k_in, rows, slot_rows, NT == 1, 8, 0,

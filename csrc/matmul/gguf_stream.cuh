@@ -673,14 +673,13 @@ gemv_gguf_kernel(const __grid_constant__ CUtensorMap wmap,
                                                           : (in_piece >> 1) * Fmt::kBytes));
     // x: the stage's copy (at + x_lane), or the resident rows (x_lane + the stage's k,
     // with the stage wait's zero: its first group's stages bring them)
+    const int x_row = min(g, x_rows - 1);
     const uint32_t x_lane =
-        opaque((rx.on() ? rx.row_at(min(g, x_rows - 1))
-                        : ring_at + St::kX + min(g, x_rows - 1) * St::kXStride) +
+        opaque((rx.on() ? rx.row_at(x_row) : ring_at + St::kX + x_row * St::kXStride) +
                j * kUnitK * 2 + 8 * t);
     const bool odd_half = (j & 1) != 0;
     const bool aligned4 = ((in_piece >> 1) * Fmt::kBytes) % 4 == 0;  // Q6_K's 210-byte blocks
     // the lane's means word and sub-block of x of unit j (the stage's units g0 further)
-    const int x_row = min(g, x_rows - 1);
     const uint32_t means_lane =
         kMeans ? opaque(means_at + x_row * means_stride(k_in) + (4 * j + t) * 4) : 0;
     const uint32_t x_sub = kMeans ? opaque(rx.row_at(x_row) + (j * kUnitK + t * kChunk) * 2) : 0;
