@@ -633,19 +633,23 @@ def test_gpu_gguf_streamed_means(rng, qtype, dtype):
     read for the wrong sub-block, row or unit would show. Q4_K on means_rows() x 2304 (18
     units a row: two stages a tile group, the last short; x held for the whole kernel,
     m = 1..8) against x's sub-block means, which each lane computes in its CTA's first
-    tile group, as x arrives, and reads back in the later ones; 8500 x 8448 (m <= 4 held;
-    the means only on 88 SMs or fewer), 2200 rows (x with the stages) and Q5_K by an mma
-    a sub-block; on sm_90 the launched kernel checked. Against the reference and the
-    host."""
+    tile group, as x arrives, and reads back in the later ones; there also x 2^-22 of that
+    (fp16 subnormals, where a mean's low part kept unscaled in fp16 was lost: 7e-3
+    relative error of y by a numpy model, against 3e-4 from y's own rounding); 8500 x 8448
+    (m <= 4 held; the means only on 88 SMs or fewer), 2200 rows (x with the stages) and
+    Q5_K by an mma a sub-block; on sm_90 the launched kernel checked. Against the
+    reference and the host."""
     from test_tiled import launched
     for n_out, k_in, ms in ((means_rows(), 2304, range(1, 9)), (8500, 8448, range(1, 5)),
                             (2200, 2048, (1, 4))):
         w, w64 = gpu_case(rng, qtype, n_out, k_in)
-        for m in ms:
+        tiny = (1, 6) if n_out == means_rows() else ()
+        for m, scale in [(m, 1.0) for m in ms] + [(m, 2.0**-22) for m in tiny]:
             offsets = np.repeat(rng.uniform(-4, 4, (m, k_in // 32)), 32, axis=1)
-            x = as_dtype((offsets + rng.standard_normal((m, k_in))).astype(np.float32), dtype)
-            check_gpu(rng, w, w64, m, dtype, m == 3, f"{qtype} {dtype} {n_out}x{k_in} m={m}",
-                      x=x)
+            x = as_dtype(((offsets + rng.standard_normal((m, k_in))) * scale).astype(np.float32),
+                         dtype)
+            check_gpu(rng, w, w64, m, dtype, m == 3,
+                      f"{qtype} {dtype} {n_out}x{k_in} m={m} x scale {scale}", x=x)
         if hopper_kernels():  # the launched kernel's (NT, kR, kMeans), at the last m
             x_t, w_d = cuda_x(x, dtype), to_device(w)
             means = "true" if streamed_means(qtype, n_out, k_in, m) else "false"

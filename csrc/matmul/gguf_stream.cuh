@@ -126,10 +126,13 @@ __host__ __device__ constexpr int means_stride(int64_t k_in) {
 __host__ __device__ constexpr int means_bytes(int x_rows, int64_t k_in) {
     return (x_rows * means_stride(k_in) + 127) / 128 * 128;
 }
-// The mean of the 32 elements of T at `at` (on 16 bytes) as the pair (hi, lo), hi + lo
-// within 2^-22 (fp16) or 2^-16 (bf16) of the float32 mean where lo is a normal number
-// (fp16: |mean| from about 2^-3; below, lo's subnormals round to 2^-24); the mean of
-// fp16 values is never past fp16's range.
+// The mean of the 32 elements of T at `at` (on 16 bytes) as the pair (hi, lo 2^11):
+// hi + lo within 2^-22 (fp16) or 2^-16 (bf16) of the float32 mean. lo is carried 2^11 up
+// (exact: a power of two) so that it stays a normal fp16 number wherever hi is one (|mean|
+// from 2^-14; unscaled, lo fell into fp16's subnormals below |mean| ~ 2^-3 and x of order
+// 1e-6 lost the mins' precision); the mma's A carries the 2^-11 back (QK45S::unit). The
+// mean of fp16 values, and |lo| 2^11 <= |mean|, are never past fp16's range.
+constexpr float kMeanLoScale = 2048.0f;
 template <class T>
 __device__ __forceinline__ uint32_t x_mean(uint32_t at) {
     float s = 0.0f;
@@ -141,7 +144,7 @@ __device__ __forceinline__ uint32_t x_mean(uint32_t at) {
         s += ((a.x + a.y) + (b.x + b.y)) + ((c.x + c.y) + (d.x + d.y));
     }
     const float mean = s * (1.0f / kChunk), hi = unpack2<T>(splat<T>(mean)).x;
-    return pack2(T{}, hi, mean - hi);
+    return pack2(T{}, hi, (mean - hi) * kMeanLoScale);
 }
 // The lane's word of its unit: computed and kept (first group) or read back.
 template <class T>
@@ -322,9 +325,12 @@ struct QK45S {
         }
         if constexpr (kMeans) {
             static_assert(NT == 1, "x's means: one n8 tile");
-            // k 2t, 2t + 1: 32 m of lane t's sub-block, (base + m) 32 - 32 base exactly,
-            // in both halves, against its mean's (hi, lo)
-            const uint32_t k32 = splat<T>(kChunk), off = splat<T>(-kChunk * Pack<T>::kBase);
+            // k 2t, 2t + 1: 32 m of lane t's sub-block against its mean's hi, and 32 m / 2^11
+            // against lo 2^11: (base + m) 32 - 32 base and (base + m) / 64 - base / 64, each
+            // exact (m / 64 is on the grid of fp16 and bf16 at base + m)
+            constexpr float kLo = kChunk / kMeanLoScale;
+            const uint32_t k32 = pack2(T{}, kChunk, kLo);
+            const uint32_t off = pack2(T{}, -kChunk * Pack<T>::kBase, -kLo * Pack<T>::kBase);
             mma_1688(T{}, c2.v[0], hfma2<T>(biased_splat<T>(mna, u.t), k32, off),
                      hfma2<T>(biased_splat<T>(mnb, u.t), k32, off), means_word<T>(u.means));
         }
