@@ -101,6 +101,18 @@ __device__ __forceinline__ uint32_t hmul2_by_half(uint32_t a, uint32_t b, int h)
         return P::u(__hmul2(P::h(a), h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b))));
 }
 
+// a * (half h of b) + (half h of c), both halves through the fma's operand swizzles.
+template <class T>
+__device__ __forceinline__ uint32_t hfma2_by_half(uint32_t a, uint32_t b, uint32_t c, int h) {
+    using P = Pack<T>;
+    if constexpr (P::kF16)
+        return P::u(__hfma2(P::h(a), h ? __high2half2(P::h(b)) : __low2half2(P::h(b)),
+                            h ? __high2half2(P::h(c)) : __low2half2(P::h(c))));
+    else
+        return P::u(__hfma2(P::h(a), h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b)),
+                            h ? __high2bfloat162(P::h(c)) : __low2bfloat162(P::h(c))));
+}
+
 // The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a
 // warp read distinct banks (kCopies = 32) or at most two lanes share one (16).
 template <int kEntries>

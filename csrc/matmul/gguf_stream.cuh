@@ -382,40 +382,59 @@ struct Q6_KS {
         r.d = f16_bits_to_f32(lds_u16(at + offsetof(gguf::BlockQ6_K, d)));
         return r;
     }
-    // Codes of quadrant q, step st (6 bits a byte).
+    // fp16 takes each pair in one fma: the code bytes are 4q, base + 4q under the exponent,
+    // and (base + 4q) sc / 4 - 288 sc = (q - 32) sc exactly before the fma's one rounding
+    // (sc / 4 and 288 sc are exact: 9 sc has 11 bits, |288 sc| <= 36864), the bits of the
+    // exact q - 32 times sc. (Codes q under base 1024 would need 1056 sc: past fp16's range.)
+    // bf16 (8 significant bits, codes below 128) takes q - 32, then sc.
+    // Codes of quadrant q, step st: the bytes q, or 4q (kTimes4).
+    template <bool kTimes4>
     static __device__ __forceinline__ uint32_t codes(const Row &r, int q, int st) {
-        const uint32_t lo = (r.ql[q & 1][st] >> (4 * (q >> 1))) & gguf::kLow4;
-        const uint32_t h = r.qh[st];
+        const uint32_t l = r.ql[q & 1][st], h = r.qh[st];
+        if constexpr (kTimes4)
+            return ((q < 2 ? l << 2 : l >> 2) & 0x3C3C3C3Cu) | ((h << (6 - 2 * q)) & 0xC0C0C0C0u);
         const uint32_t hi = (q < 2 ? h << (4 - 2 * q) : h >> (2 * q - 4)) & 0x30303030u;
-        return lo | hi;
+        return ((l >> (4 * (q >> 1))) & gguf::kLow4) | hi;
     }
-    // Scale (int8) of quadrant q, step st as a pair of T: fp16 takes base + (sc + 128)
-    // exactly; bf16 (8 significant bits) through float32.
+    // The int8 scales of quadrant q's two steps (bytes 2 (q & 1), + 1 of word q / 2 of the
+    // half's 8) as a pair of T, step st in half st (read through the operand swizzles): sc,
+    // or sc / 4 for fp16 (base + sc + 128 by a byte permute, then an exact fma); bf16
+    // through float32.
     template <class T>
-    static __device__ __forceinline__ uint32_t scale(const Row &r, int q, int st) {
-        const int b = 2 * q + st;  // byte of the half's 8 scales
+    static __device__ __forceinline__ uint32_t scales(const Row &r, int q) {
+        const uint32_t w = r.sc[q >> 1];
+        constexpr float kBase = Pack<T>::kBase;
         if constexpr (Pack<T>::kF16)
-            return hadd2<T>(biased_splat<T>(r.sc[b >> 2] ^ 0x80808080u, b & 3),
-                            splat<T>(-(Pack<T>::kBase + 128.0f)));
-        else
-            return splat<T>(static_cast<float>(static_cast<int8_t>(r.sc[b >> 2] >> (8 * (b & 3)))));
+            return hfma2<T>(biased<T>(w ^ 0x80808080u, q & 1), splat<T>(0.25f),
+                            splat<T>(-(kBase + 128.0f) / 4));
+        const int at = 16 * (q & 1);
+        return pack2(T{}, static_cast<float>(static_cast<int8_t>(w >> at)),
+                     static_cast<float>(static_cast<int8_t>(w >> (at + 8))));
     }
     template <class T, int kHalf, bool kAligned, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const Row ra = row<kHalf, kAligned>(u.wa, u.t), rb = row<kHalf, kAligned>(u.wb, u.t);
-        const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32
+        constexpr bool kF = Pack<T>::kF16;  // the fused pairs
+        const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32 (bf16)
         Sums<NT> c;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
+            const uint32_t sa = scales<T>(ra, q), sb = scales<T>(rb, q);
+            // fp16: -288 sc (the fma's addend)
+            const uint32_t oa = kF ? hmul2<T>(sa, splat<T>(-4.0f * 288)) : 0u;
+            const uint32_t ob = kF ? hmul2<T>(sb, splat<T>(-4.0f * 288)) : 0u;
             Frag s[2];
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
-                const uint32_t ca = codes(ra, q, st), cb = codes(rb, q, st);
-                const uint32_t sa = scale<T>(ra, q, st), sb = scale<T>(rb, q, st);
-                s[st] = frag(hmul2<T>(hadd2<T>(biased<T>(ca, 0), off), sa),
-                             hmul2<T>(hadd2<T>(biased<T>(ca, 1), off), sa),
-                             hmul2<T>(hadd2<T>(biased<T>(cb, 0), off), sb),
-                             hmul2<T>(hadd2<T>(biased<T>(cb, 1), off), sb));
+                const uint32_t ca = codes<kF>(ra, q, st), cb = codes<kF>(rb, q, st);
+                uint32_t p[4];  // rows g, g + 8: pairs 0, 1
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t b = biased<T>(i < 2 ? ca : cb, i & 1), sc = i < 2 ? sa : sb;
+                    p[i] = kF ? hfma2_by_half<T>(b, sc, i < 2 ? oa : ob, st)
+                              : hmul2_by_half<T>(hadd2<T>(b, off), sc, st);
+                }
+                s[st] = frag(p[0], p[1], p[2], p[3]);
             }
             mma_chunk<T>(c, s[0], s[1], u.x + q * kChunk * 2, u.x_nt);
         }
