@@ -90,27 +90,23 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
     if constexpr (Pack<T>::kF16) return __half22float2(Pack<T>::h(v));
     else return __bfloat1622float2(Pack<T>::h(v));
 }
-// a * (half h of b in both halves): ptxas reads the half through the multiply's operand
-// swizzle (HMUL2 R, R, R.H0_H0), no instruction of its own.
+// Half h of a pair of T in both halves. Taken by a packed multiply or fma, ptxas reads it
+// through the operand's swizzle (HMUL2 R, R, R.H0_H0): no instruction of its own.
+template <class T>
+__device__ __forceinline__ typename Pack<T>::H2 half_of(uint32_t b, int h) {
+    using P = Pack<T>;
+    if constexpr (P::kF16) return h ? __high2half2(P::h(b)) : __low2half2(P::h(b));
+    else return h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b));
+}
+// a * (half h of b)
 template <class T>
 __device__ __forceinline__ uint32_t hmul2_by_half(uint32_t a, uint32_t b, int h) {
-    using P = Pack<T>;
-    if constexpr (P::kF16)
-        return P::u(__hmul2(P::h(a), h ? __high2half2(P::h(b)) : __low2half2(P::h(b))));
-    else
-        return P::u(__hmul2(P::h(a), h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b))));
+    return Pack<T>::u(__hmul2(Pack<T>::h(a), half_of<T>(b, h)));
 }
-
-// a * (half h of b) + (half h of c), both halves through the fma's operand swizzles.
+// a * (half h of b) + (half h of c)
 template <class T>
 __device__ __forceinline__ uint32_t hfma2_by_half(uint32_t a, uint32_t b, uint32_t c, int h) {
-    using P = Pack<T>;
-    if constexpr (P::kF16)
-        return P::u(__hfma2(P::h(a), h ? __high2half2(P::h(b)) : __low2half2(P::h(b)),
-                            h ? __high2half2(P::h(c)) : __low2half2(P::h(c))));
-    else
-        return P::u(__hfma2(P::h(a), h ? __high2bfloat162(P::h(b)) : __low2bfloat162(P::h(b)),
-                            h ? __high2bfloat162(P::h(c)) : __low2bfloat162(P::h(c))));
+    return Pack<T>::u(__hfma2(Pack<T>::h(a), half_of<T>(b, h), half_of<T>(c, h)));
 }
 
 // The pair table: entry e at word e * kCopies + (lane % kCopies), so that the lanes of a

@@ -382,12 +382,7 @@ struct Q6_KS {
         r.d = f16_bits_to_f32(lds_u16(at + offsetof(gguf::BlockQ6_K, d)));
         return r;
     }
-    // fp16 takes each pair in one fma: the code bytes are 4q, base + 4q under the exponent,
-    // and (base + 4q) sc / 4 - 288 sc = (q - 32) sc exactly before the fma's one rounding
-    // (sc / 4 and 288 sc are exact: 9 sc has 11 bits, |288 sc| <= 36864), the bits of the
-    // exact q - 32 times sc. (Codes q under base 1024 would need 1056 sc: past fp16's range.)
-    // bf16 (8 significant bits, codes below 128) takes q - 32, then sc.
-    // Codes of quadrant q, step st: the bytes q, or 4q (kTimes4).
+    // Codes of quadrant q, step st: the bytes q, or 4q (kTimes4: fp16's fused pairs, unit).
     template <bool kTimes4>
     static __device__ __forceinline__ uint32_t codes(const Row &r, int q, int st) {
         const uint32_t l = r.ql[q & 1][st], h = r.qh[st];
@@ -411,18 +406,24 @@ struct Q6_KS {
         return pack2(T{}, static_cast<float>(static_cast<int8_t>(w >> at)),
                      static_cast<float>(static_cast<int8_t>(w >> (at + 8))));
     }
+    // fp16 takes each pair in one fma (kF): codes 4q put base + 4q under the exponent, and
+    // (base + 4q) sc / 4 - (base / 4 + 32) sc = (q - 32) sc is exact before the fma's one
+    // rounding (sc / 4 and 288 sc are exact: 9 sc has 11 bits, |288 sc| <= 36864), the bits
+    // of the exact q - 32 times sc. (Codes q would need 1056 sc: past fp16's range.) bf16
+    // (8 significant bits, codes below 128) takes q - 32, then sc.
     template <class T, int kHalf, bool kAligned, int NT>
     static __device__ __forceinline__ void unit(const UnitAt &u, Sums<NT> &acc) {
         const Row ra = row<kHalf, kAligned>(u.wa, u.t), rb = row<kHalf, kAligned>(u.wb, u.t);
-        constexpr bool kF = Pack<T>::kF16;  // the fused pairs
-        const uint32_t off = splat<T>(-(Pack<T>::kBase + 32.0f));  // q - 32 (bf16)
+        constexpr bool kF = Pack<T>::kF16;
+        constexpr float kBase = Pack<T>::kBase;
+        const uint32_t off = splat<T>(-(kBase + 32.0f));  // q - 32 (bf16)
         Sums<NT> c;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const uint32_t sa = scales<T>(ra, q), sb = scales<T>(rb, q);
-            // fp16: -288 sc (the fma's addend)
-            const uint32_t oa = kF ? hmul2<T>(sa, splat<T>(-4.0f * 288)) : 0u;
-            const uint32_t ob = kF ? hmul2<T>(sb, splat<T>(-4.0f * 288)) : 0u;
+            // fp16: the fma's addends -(base / 4 + 32) sc, from sc / 4
+            const uint32_t oa = kF ? hmul2<T>(sa, splat<T>(-4.0f * (kBase / 4 + 32.0f))) : 0u;
+            const uint32_t ob = kF ? hmul2<T>(sb, splat<T>(-4.0f * (kBase / 4 + 32.0f))) : 0u;
             Frag s[2];
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
