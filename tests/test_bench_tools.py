@@ -107,3 +107,13 @@ def test_bench_host_matmul_runs(tmp_path):
     assert [(r["k"], r["dtype"], r["m"]) for r in rows] == [
         (k, d, m) for k in (2, 5) for d in ("fp16", "fp32") for m in (1, 3)]
     assert all(r["kbit_ms"] > 0 and r["gbps"] > 0 and r["numpy_fp32_ms"] > 0 for r in rows)
+
+
+def test_read_floor_selftest():
+    # bench/read_floor.py's pure-Python parts: its cases' bytes, the targets against the
+    # floor, the floor's fit (the readers themselves run on a GPU only)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "read_floor.py"),
+                          "--selftest"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "selftest passed" in out.stdout
+    assert "q4_0 28672x8192  3.30   176.0      53.3      50.0    3.52    1.067" in out.stdout

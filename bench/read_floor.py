@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""The read floor: how long a kernel that does nothing but read a matmul's bytes takes on
+this GPU, timed exactly as bench/bench_matmul.py times the matmul, and what that leaves of
+the GEMV issue's m = 1 targets.
+
+    python3 bench/read_floor.py [--lib PATH] [--json PATH] [--repeats 30]
+        [--flush write|read] [--quick]
+    python3 bench/read_floor.py --selftest        # the pure-Python parts, no GPU
+
+Needs PyTorch with a CUDA device and the readers of bench/read_floor.cu built as a shared
+library (CMake builds build/bench/libkbit_read_floor.so with CUDA on; --lib names another).
+
+For each case (a format's bytes on a shape of the issue at m = 1: W as stored, x and y,
+bench_matmul.case_bytes), every reader configuration reads that many bytes from one
+buffer: `ldg` (16-byte loads, 1..8 in flight a thread, grid-stride, with cache hints) and
+`bulk` (cp.async.bulk stages into a shared-memory ring, one thread a CTA, stages as even
+shares, dealt round-robin or taken from a counter). Also timed: torch.sum over the same
+bytes (bench_matmul's `read` column), a device-to-device copy, and cuBLAS fp16
+(torch.matmul) on each shape at m = 1. The floor of a case is its fastest reader. The
+targets table sets each m = 1 target's time (cuBLAS fp16 / target speedup, same run)
+against that floor: `headroom` = target time / floor; below 1 means no kernel that reads
+the bytes this way meets the target, however fast its decode.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import os
+import platform
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_matmul import Timer, case_bytes, write_json  # noqa: E402
+
+# The GEMV issue's m = 1 targets (speedup over cuBLAS fp16) on its large shapes, and the
+# one on 4096x4096.
+LARGE_SHAPES = [(28672, 8192), (8192, 28672)]
+TARGETS = {"kbit2-tiled": 6.0, "kbit3-tiled": 4.5, "kbit4-tiled": 3.5, "kbit5-tiled": 2.85,
+           "nf4-tiled": 3.3, "q4_0": 3.3, "q4_k": 3.3, "q5_k": 2.7, "q6_k": 2.25, "q8_0": 1.75}
+SMALL_TARGETS = {((4096, 4096), "kbit4-tiled"): 2.5}
+
+HINTS = {0: "plain", 1: "nc.no_alloc", 2: "nc.L2::256B", 3: "nc.256B.evict_first"}
+WALKS = {0: "even", 1: "round-robin", 2: "counter"}
+
+
+def reader_configs(sms: int, quick: bool = False) -> list[dict]:
+    """The reader configurations tried on every case."""
+    out = []
+    ldg_shapes = [(4, sms * 4, 256), (8, sms * 4, 256), (8, sms * 2, 512), (4, sms * 8, 256)]
+    if quick:
+        ldg_shapes = ldg_shapes[:2]
+    for hint in HINTS:
+        for unroll, ctas, threads in ldg_shapes:
+            out.append({"kind": "ldg", "hint": hint, "unroll": unroll, "ctas": ctas,
+                        "threads": threads})
+    bulk_shapes = [(16 << 10, 8, sms), (32 << 10, 6, sms), (16 << 10, 6, 2 * sms)]
+    if quick:
+        bulk_shapes = bulk_shapes[:1]
+    for walk in WALKS:
+        for stage, ring, ctas in bulk_shapes:
+            out.append({"kind": "bulk", "walk": walk, "stage": stage, "ring": ring,
+                        "ctas": ctas, "evict_first": 1})
+    out.append({"kind": "bulk", "walk": 2, "stage": 16 << 10, "ring": 8, "ctas": sms,
+                "evict_first": 0})
+    return out
+
+
+def config_name(c: dict) -> str:
+    if c["kind"] == "ldg":
+        return f"ldg {HINTS[c['hint']]} u{c['unroll']} {c['ctas']}x{c['threads']}"
+    ef = "" if c["evict_first"] else " normal"
+    return f"bulk {WALKS[c['walk']]} {c['stage'] >> 10}K x{c['ring']} {c['ctas']} CTAs{ef}"
+
+
+def cases(quick: bool = False) -> list[dict]:
+    """(format, shape, bytes) of every target, plus dense fp16 on each shape."""
+    shapes = LARGE_SHAPES + [(4096, 4096)]
+    if quick:
+        shapes = shapes[:1] + [(4096, 4096)]
+    out = []
+    for n_out, k_in in shapes:
+        fmts = list(TARGETS) if (n_out, k_in) in LARGE_SHAPES else ["kbit4-tiled"]
+        for fmt in fmts + [None]:
+            out.append({"format": fmt or "fp16", "shape": f"{n_out}x{k_in}",
+                        "bytes": case_bytes(fmt, n_out, k_in, 1, 2)["total"]})
+    return out
+
+
+def target_rows(results: list[dict], cublas: dict) -> list[dict]:
+    """Each target's time against its case's floor (same run)."""
+    rows = []
+    for r in results:
+        shape = tuple(int(v) for v in r["shape"].split("x"))
+        target = (TARGETS.get(r["format"]) if shape in LARGE_SHAPES
+                  else SMALL_TARGETS.get((shape, r["format"])))
+        cub = cublas.get(r["shape"])
+        if not target or not cub or not r.get("floor_us"):
+            continue
+        t_us = cub / target
+        rows.append({"format": r["format"], "shape": r["shape"], "target": target,
+                     "cublas_us": cub, "target_us": t_us, "floor_us": r["floor_us"],
+                     "floor_speedup": cub / r["floor_us"], "headroom": t_us / r["floor_us"],
+                     "floor_by": r["floor_by"]})
+    return rows
+
+
+def fit_floor(results: list[dict], min_bytes: float = 30e6):
+    """Least-squares time = a + bytes / rate over the cases of min_bytes or more:
+    (a in us, rate in TB/s), or None."""
+    pts = [(r["bytes"], r["floor_us"]) for r in results
+           if r.get("floor_us") and r["bytes"] >= min_bytes]
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mx = sum(b for b, _ in pts) / n
+    my = sum(t for _, t in pts) / n
+    sxx = sum((b - mx) ** 2 for b, _ in pts)
+    if sxx == 0:
+        return None
+    slope = sum((b - mx) * (t - my) for b, t in pts) / sxx  # us a byte
+    return my - slope * mx, 1e-6 / slope if slope > 0 else None
+
+
+def format_tables(results: list[dict], rows: list[dict], fit) -> str:
+    lines = [f"{'case':>24} {'MB':>7} {'floor us':>9} {'TB/s':>5} {'sum us':>8} "
+             f"{'floor by':<40}"]
+    for r in results:
+        tb = r["bytes"] / r["floor_us"] / 1e6 if r.get("floor_us") else None
+        lines.append(f"{r['format'] + ' ' + r['shape']:>24} {r['bytes'] / 1e6:7.1f} "
+                     f"{_f(r.get('floor_us'), '9.1f')} {_f(tb, '5.2f')} "
+                     f"{_f(r.get('sum_us'), '8.1f')} {r.get('floor_by', '-'):<40}")
+    if fit:
+        lines.append(f"fit over the cases of 30 MB or more: floor = {fit[0]:.1f} us + bytes / "
+                     f"{_f(fit[1], '.2f')} TB/s")
+    lines.append("")
+    lines.append(f"{'target':>24} {'x':>5} {'cuBLAS':>7} {'target us':>9} {'floor us':>9} "
+                 f"{'floor x':>7} {'headroom':>8}")
+    for t in rows:
+        lines.append(f"{t['format'] + ' ' + t['shape']:>24} {t['target']:5.2f} "
+                     f"{t['cublas_us']:7.1f} {t['target_us']:9.1f} {t['floor_us']:9.1f} "
+                     f"{t['floor_speedup']:7.2f} {t['headroom']:8.3f}")
+    return "\n".join(lines)
+
+
+def _f(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def load_readers(path: str | None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [path] if path else [
+        os.path.join(here, "..", d, "bench", "libkbit_read_floor.so")
+        for d in (os.environ.get("BUILD", "build"), "build", "build90")]
+    for p in candidates:
+        if p and os.path.exists(p):
+            lib = ctypes.CDLL(os.path.abspath(p))
+            lib.rf_ldg.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + \
+                [ctypes.c_void_p, ctypes.c_void_p]
+            lib.rf_bulk.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 5 + \
+                [ctypes.c_void_p, ctypes.c_void_p]
+            lib.rf_ldg.restype = lib.rf_bulk.restype = ctypes.c_int
+            return lib, os.path.abspath(p)
+    raise SystemExit(f"read_floor: no reader library (tried {candidates}); build with CUDA "
+                     "or pass --lib")
+
+
+def run(args) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("read_floor: PyTorch sees no CUDA device")
+    lib, lib_path = load_readers(args.lib)
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    timer = Timer(torch, args.repeats, args.budget, args.flush)
+    todo = cases(args.quick)
+    biggest = max(c["bytes"] for c in todo)
+    biggest += -biggest % 16
+    buf = torch.empty(biggest, dtype=torch.uint8, device="cuda")
+    buf.random_(0, 255)
+    sink = torch.zeros(8 * sms * 8, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(2, dtype=torch.int32, device="cuda")
+    configs = reader_configs(sms, args.quick)
+
+    def stream():
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def reader(c, nbytes):
+        p = ctypes.c_void_p(buf.data_ptr())
+        if c["kind"] == "ldg":
+            return lambda: _ok(lib.rf_ldg(p, nbytes, c["ctas"], c["threads"], c["unroll"],
+                                          c["hint"], ctypes.c_void_p(sink.data_ptr()), stream()))
+        return lambda: _ok(lib.rf_bulk(p, nbytes, c["ctas"], c["stage"], c["ring"], c["walk"],
+                                       c["evict_first"], ctypes.c_void_p(counters.data_ptr()),
+                                       stream()))
+
+    copy_src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    copy = timer.measure(lambda: copy_dst.copy_(copy_src))
+    copy_tbps = 2 * copy_src.numel() / copy["median_us"] / 1e6
+    del copy_src, copy_dst
+    print(f"device: {props.name} ({sms} SMs), copy {copy_tbps:.2f} TB/s (read + write)",
+          file=sys.stderr)
+
+    cublas = {}
+    for shape in sorted({c["shape"] for c in todo}):
+        n_out, k_in = (int(v) for v in shape.split("x"))
+        w = torch.randn(n_out, k_in, device="cuda", dtype=torch.float16).mul_(0.02)
+        x = torch.randn(1, k_in, device="cuda", dtype=torch.float16)
+        cublas[shape] = timer.measure(lambda: torch.matmul(x, w.t()))["median_us"]
+        del w, x
+
+    results, measured = [], {}  # measured: the readers' times by byte count
+    for c in todo:
+        nbytes = c["bytes"] - c["bytes"] % 16
+        if nbytes in measured:  # the same bytes on the other large shape
+            results.append(dict(c, **measured[nbytes]))
+            continue
+        r = dict(c, readers={})
+        for cfg in configs:
+            try:
+                r["readers"][config_name(cfg)] = timer.measure(reader(cfg, nbytes))["median_us"]
+            except RuntimeError as e:
+                r["readers"][config_name(cfg)] = None
+                print(f"{config_name(cfg)}: {e}", file=sys.stderr)
+        fl = buf[:nbytes // 4 * 4].view(torch.float32)
+        r["sum_us"] = timer.measure(lambda: fl.sum())["median_us"]
+        timed = {k: v for k, v in r["readers"].items() if v}
+        if timed:
+            r["floor_by"] = min(timed, key=timed.get)
+            r["floor_us"] = timed[r["floor_by"]]
+        results.append(r)
+        measured[nbytes] = {k: r[k] for k in ("readers", "sum_us", "floor_by", "floor_us") if k in r}
+        print(f"{c['format']} {c['shape']}: floor {r.get('floor_us', 0):.1f} us "
+              f"({r.get('floor_by')}), torch.sum {r['sum_us']:.1f}", file=sys.stderr)
+    torch.cuda.synchronize()
+    if int(counters.sum()) != 0:
+        print("read_floor: the counter walk left its counters set", file=sys.stderr)
+        return 1
+
+    rows = target_rows(results, cublas)
+    fit = fit_floor(results)
+    print(f"device: {props.name}, {sms} SMs; copy {copy_tbps:.2f} TB/s; flush {args.flush}; "
+          f"cuBLAS fp16 m = 1: " + ", ".join(f"{k} {v:.1f} us" for k, v in cublas.items()))
+    print(format_tables(results, rows, fit))
+    # every reader's median on the largest weight-only case, to see which one wins where
+    big = max(results, key=lambda r: r["bytes"] if r["format"] != "fp16" else 0)
+    print(f"\nreaders on {big['format']} {big['shape']} ({big['bytes'] / 1e6:.1f} MB):")
+    for k, v in sorted(big["readers"].items(), key=lambda kv: kv[1] or 1e30):
+        print(f"  {_f(v, '8.1f')} us  {k}")
+    if args.json:
+        write_json(args.json, {
+            "device": props.name, "sms": sms, "date": datetime.datetime.now().isoformat(),
+            "host": platform.node(), "torch": torch.__version__, "lib": lib_path,
+            "flush": args.flush, "repeats": args.repeats, "copy_tbps": copy_tbps,
+            "cublas_fp16_m1_us": cublas, "cases": results, "targets": rows,
+            "fit": {"fixed_us": fit[0], "tbps": fit[1]} if fit else None,
+            "configs": configs})
+    return 0
+
+
+def _ok(rc: int):
+    if rc != 0:
+        raise RuntimeError(f"reader launch failed: cudaError {rc}")
+
+
+def selftest() -> int:
+    cs = cases()
+    assert len(cs) == 2 * (len(TARGETS) + 1) + 2, len(cs)
+    assert all(c["bytes"] % 2 == 0 for c in cs)
+    k4 = next(c for c in cs if c["format"] == "kbit4-tiled" and c["shape"] == "28672x8192")
+    assert 124e6 < k4["bytes"] < 126e6, k4  # 4.25 bits a weight, plus x and y
+    res = [{"format": "q4_0", "shape": "28672x8192", "bytes": 132e6, "floor_us": 50.0,
+            "floor_by": "x"},
+           {"format": "fp16", "shape": "28672x8192", "bytes": 470e6, "floor_us": 160.0,
+            "floor_by": "x"}]
+    rows = target_rows(res, {"28672x8192": 176.0})
+    assert len(rows) == 1 and abs(rows[0]["target_us"] - 176.0 / 3.3) < 1e-9
+    assert abs(rows[0]["headroom"] - 176.0 / 3.3 / 50.0) < 1e-9
+    a, rate = fit_floor(res)
+    assert abs(a - (50.0 - 132e6 * 110.0 / 338e6)) < 1e-6 and abs(rate - 338e6 / 110.0 / 1e6) < 1e-9
+    names = {config_name(c) for c in reader_configs(132)}
+    assert len(names) == len(reader_configs(132)), "config names unique"
+    print(format_tables(res, rows, (a, rate)))
+    print("selftest passed")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", help="the readers' shared library (default: BUILD/bench/...)")
+    ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing a case")
+    ap.add_argument("--flush", choices=("write", "read"), default="write")
+    ap.add_argument("--quick", action="store_true", help="fewer cases and readers")
+    ap.add_argument("--selftest", action="store_true")
+    args = ap.parse_args(argv)
+    return selftest() if args.selftest else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
