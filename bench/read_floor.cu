@@ -134,27 +134,25 @@ __global__ void __launch_bounds__(32) read_bulk(const char *__restrict__ p, int6
         return s;
     };
     int64_t issued[kMaxRing];  // the stage in each slot (end: none)
-    for (int s = 0; s < ring; ++s) issued[s] = end;
-    for (int s = 0; s < ring; ++s) {
+    auto issue = [&](int s) {   // the next stage into slot s, if there is one
         issued[s] = take();
-        if (issued[s] >= end) break;
+        if (issued[s] >= end) return false;
         const int64_t off = issued[s] * stage;
         bulk_stage(smem_addr(slots + int64_t{s} * stage), p + off,
                    static_cast<uint32_t>(bytes - off < stage ? bytes - off : stage),
                    smem_addr(&full[s]), evict_first, policy);
+        return true;
+    };
+    for (int s = 0; s < ring; ++s) issued[s] = end;
+    for (int s = 0; s < ring && issue(s); ++s) {
     }
-    for (uint32_t lap = 0;; ++lap) {
+    for (uint32_t lap = 0;; ++lap) {  // slot s's lap-th stage completes phase lap
         bool any = false;
         for (int s = 0; s < ring; ++s) {
             if (issued[s] >= end) continue;
             any = true;
             wait_parity(smem_addr(&full[s]), lap & 1);
-            issued[s] = take();
-            if (issued[s] >= end) continue;
-            const int64_t off = issued[s] * stage;
-            bulk_stage(smem_addr(slots + int64_t{s} * stage), p + off,
-                       static_cast<uint32_t>(bytes - off < stage ? bytes - off : stage),
-                       smem_addr(&full[s]), evict_first, policy);
+            issue(s);
         }
         if (!any) break;
     }
