@@ -10,7 +10,7 @@ BENCH_SIZES ?= 20,24,26,28
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 export PYTHONPATH := $(CURDIR)/bindings/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps test test-c test-python demo bench bench-matmul gpu-check sanitize device-wheels \
+.PHONY: all build deps test test-c test-python demo bench bench-matmul bench-read-floor gpu-check sanitize device-wheels \
         emulated-check \
         clean asan-build asan-test fuzz
 
@@ -85,6 +85,12 @@ bench: build
 BENCH_MATMUL_ARGS ?=
 bench-matmul: build deps
 	$(PYTHON) bench/bench_matmul.py --json $(BUILD)/bench_matmul.json $(BENCH_MATMUL_ARGS)
+
+# What a kernel that only reads the matmul's bytes takes (bench/read_floor.cu's readers,
+# timed as bench-matmul times the matmul), against the GEMV's m = 1 targets (needs a GPU).
+bench-read-floor: build deps
+	$(PYTHON) bench/read_floor.py --lib $(BUILD)/bench/libkbit_read_floor.so \
+	    --json $(BUILD)/read_floor.json
 
 # libFuzzer on the host library (fuzz/: every host decoder, the quantizer, the NF4
 # double-quant state path, the GGUF block decoders and the matmul host entries, with the

@@ -38,5 +38,6 @@ step emulated make emulated-check BUILD="$BUILD" CUDA_ARCHS=90
 step demo make demo BUILD="$BUILD"
 step bench "$BUILD/bench/kbit_bench" --sizes "$SIZES" --json "$OUT/bench.json"
 step bench-matmul "$PYTHON" bench/bench_matmul.py --json "$OUT/bench_matmul.json" ${BENCH_MATMUL_ARGS:-}
+step read-floor "$PYTHON" bench/read_floor.py --lib "$BUILD/bench/libkbit_read_floor.so" --json "$OUT/read_floor.json"
 if [ ${#failed[@]} -ne 0 ]; then echo "gpu-check FAILED: ${failed[*]}"; exit 1; fi
 echo "gpu-check passed"
