@@ -50,9 +50,11 @@ __device__ __forceinline__ uint4 load16(const uint4 *p, uint64_t policy) {
     return v;
 }
 
+// (1024, 1): without the minimum of one CTA, ptxas aims at 2048 threads an SM (32 registers)
+// and, at kUnroll = 8, reuses the first loads' registers: only 4 loads in flight (SASS).
 template <int kUnroll, int kHint>
-__global__ void __launch_bounds__(1024) read_ldg(const uint4 *__restrict__ p, int64_t n16,
-                                                 unsigned *sink) {
+__global__ void __launch_bounds__(1024, 1) read_ldg(const uint4 *__restrict__ p, int64_t n16,
+                                                    unsigned *sink) {
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
     int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
     const uint64_t policy = kHint == kEvictFirst ? evict_first_policy() : 0;
@@ -158,7 +160,10 @@ __global__ void __launch_bounds__(32) read_bulk(const char *__restrict__ p, int6
     }
     if (kWalk == kCounter) {
         __threadfence();
-        if (atomicAdd(&counters[1], 1u) == gridDim.x - 1) counters[0] = 0, counters[1] = 0;
+        if (atomicAdd(&counters[1], 1u) == gridDim.x - 1) {
+            __threadfence();  // every other CTA's last take is before its count: acquire
+            counters[0] = 0, counters[1] = 0;
+        }
     }
 #endif
 }
@@ -212,6 +217,11 @@ int rf_bulk(const void *p, int64_t bytes, int ctas, int stage_bytes, int ring, i
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
         return cudaErrorNoDevice;
     if (major < 9) return cudaErrorNotSupported;  // cp.async.bulk is Hopper's
+    // Built without a 9.0 target, the device JITs the compute_80 PTX, where the body is
+    // compiled out: an empty kernel would time as a (bogus) floor.
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, read_bulk<kEven>) != cudaSuccess || fa.ptxVersion < 90)
+        return cudaErrorNotSupported;
     const size_t smem = size_t(stage_bytes) * ring;
     auto *c = static_cast<unsigned *>(counters);
     auto s = static_cast<cudaStream_t>(stream);

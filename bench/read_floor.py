@@ -221,7 +221,7 @@ def run(args) -> int:
         for cfg in configs:
             try:
                 r["readers"][config_name(cfg)] = timer.measure(reader(cfg, nbytes))["median_us"]
-            except RuntimeError as e:
+            except ReaderError as e:  # a refused launch; a CUDA fault (sticky) propagates
                 r["readers"][config_name(cfg)] = None
                 print(f"{config_name(cfg)}: {e}", file=sys.stderr)
         fl = buf[:nbytes // 4 * 4].view(torch.float32)
@@ -260,9 +260,13 @@ def run(args) -> int:
     return 0
 
 
+class ReaderError(RuntimeError):
+    """A reader's launch refused (its configuration does not fit this GPU)."""
+
+
 def _ok(rc: int):
     if rc != 0:
-        raise RuntimeError(f"reader launch failed: cudaError {rc}")
+        raise ReaderError(f"reader launch failed: cudaError {rc}")
 
 
 def selftest() -> int:
