@@ -524,6 +524,22 @@ def with_rates(t: dict, nbytes: int, flops: float, copy_gbps: float | None) -> d
     return t
 
 
+def measure_copy(torch, timer: Timer, repeats: int) -> dict:
+    """Device-to-device copy of 1 GiB (less if memory is short), timed like a case:
+    bandwidth = (read + written bytes) / median time."""
+    size = 1 << 30
+    free = torch.cuda.mem_get_info()[0]
+    while 2 * size > free // 2 and size > 64 << 20:
+        size //= 2
+    src = torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    t = timer.measure(lambda: dst.copy_(src), repeats=max(repeats, 20))
+    t["buffer_bytes"] = size
+    t["gbps"] = 2 * size / (t["median_us"] * 1e-6) / 1e9
+    del src, dst
+    return t
+
+
 def _err_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
@@ -589,20 +605,7 @@ class Bench:
         return self.read_buf[:n]
 
     def measure_copy(self) -> dict:
-        """Device-to-device copy of 1 GiB (less if memory is short), timed like a case:
-        bandwidth = (read + written bytes) / median time."""
-        torch = self.torch
-        size = 1 << 30
-        free = torch.cuda.mem_get_info()[0]
-        while 2 * size > free // 2 and size > 64 << 20:
-            size //= 2
-        src = torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1)
-        dst = torch.empty_like(src)
-        t = self.timer.measure(lambda: dst.copy_(src), repeats=max(self.args.repeats, 20))
-        t["buffer_bytes"] = size
-        t["gbps"] = 2 * size / (t["median_us"] * 1e-6) / 1e9
-        del src, dst
-        return t
+        return measure_copy(self.torch, self.timer, self.args.repeats)
 
     def event_floor(self) -> dict:
         """Two events with nothing between them, timed the same way: the resolution

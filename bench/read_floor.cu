@@ -182,6 +182,17 @@ cudaError_t launch_ldg(const void *p, int64_t n16, int ctas, int threads, int un
     return cudaGetLastError();
 }
 
+template <int kWalk>
+cudaError_t launch_bulk(const char *p, int64_t bytes, int ctas, int stage, int ring,
+                        int evict_first, unsigned *counters, cudaStream_t s) {
+    const int smem = stage * ring;
+    const cudaError_t e =
+        cudaFuncSetAttribute(read_bulk<kWalk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    read_bulk<kWalk><<<ctas, 32, smem, s>>>(p, bytes, stage, ring, evict_first, counters);
+    return cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" {
@@ -210,39 +221,35 @@ int rf_ldg(const void *p, int64_t bytes, int ctas, int threads, int unroll, int 
 int rf_bulk(const void *p, int64_t bytes, int ctas, int stage_bytes, int ring, int walk,
             int evict_first, void *counters, void *stream) {
     if (!p || bytes % 16 || stage_bytes % 16 || stage_bytes <= 0 || ctas < 1 || ring < 1 ||
-        ring > kMaxRing || (walk == kCounter && !counters))
+        ring > kMaxRing || int64_t{stage_bytes} * ring > (227 << 10) ||
+        (walk == kCounter && !counters))
         return cudaErrorInvalidValue;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        return cudaErrorNoDevice;
-    if (major < 9) return cudaErrorNotSupported;  // cp.async.bulk is Hopper's
-    // Built without a 9.0 target, the device JITs the compute_80 PTX, where the body is
-    // compiled out: an empty kernel would time as a (bogus) floor.
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, read_bulk<kEven>) != cudaSuccess || fa.ptxVersion < 90)
-        return cudaErrorNotSupported;
-    const size_t smem = size_t(stage_bytes) * ring;
+    // Once a process (the readers run on one device): cp.async.bulk needs compute
+    // capability 9.0, and code built for it: a library without a 9.0 target runs its
+    // compute_80 PTX, where the body is compiled out, and an empty kernel would time as a
+    // (bogus) floor.
+    static const cudaError_t usable = [] {
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa{};
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            return cudaErrorNoDevice;
+        if (major < 9 || cudaFuncGetAttributes(&fa, read_bulk<kEven>) != cudaSuccess ||
+            fa.ptxVersion < 90)
+            return cudaErrorNotSupported;
+        return cudaSuccess;
+    }();
+    if (usable != cudaSuccess) return usable;
+    const auto *q = static_cast<const char *>(p);
     auto *c = static_cast<unsigned *>(counters);
     auto s = static_cast<cudaStream_t>(stream);
-    const auto *q = static_cast<const char *>(p);
-    cudaError_t e = cudaSuccess;
     switch (walk) {
-        case kEven:
-            e = cudaFuncSetAttribute(read_bulk<kEven>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-            if (e == cudaSuccess) read_bulk<kEven><<<ctas, 32, smem, s>>>(q, bytes, stage_bytes, ring, evict_first, c);
-            break;
+        case kEven: return launch_bulk<kEven>(q, bytes, ctas, stage_bytes, ring, evict_first, c, s);
         case kRoundRobin:
-            e = cudaFuncSetAttribute(read_bulk<kRoundRobin>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-            if (e == cudaSuccess) read_bulk<kRoundRobin><<<ctas, 32, smem, s>>>(q, bytes, stage_bytes, ring, evict_first, c);
-            break;
-        case kCounter:
-            e = cudaFuncSetAttribute(read_bulk<kCounter>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-            if (e == cudaSuccess) read_bulk<kCounter><<<ctas, 32, smem, s>>>(q, bytes, stage_bytes, ring, evict_first, c);
-            break;
+            return launch_bulk<kRoundRobin>(q, bytes, ctas, stage_bytes, ring, evict_first, c, s);
+        case kCounter: return launch_bulk<kCounter>(q, bytes, ctas, stage_bytes, ring, evict_first, c, s);
         default: return cudaErrorInvalidValue;
     }
-    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // extern "C"

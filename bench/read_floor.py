@@ -32,7 +32,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_matmul import Timer, case_bytes, write_json  # noqa: E402
+from bench_matmul import Timer, _fmt, case_bytes, measure_copy, write_json  # noqa: E402
 
 # The GEMV issue's m = 1 targets (speedup over cuBLAS fp16) on its large shapes, and the
 # one on 4096x4096.
@@ -129,11 +129,11 @@ def format_tables(results: list[dict], rows: list[dict], fit) -> str:
     for r in results:
         tb = r["bytes"] / r["floor_us"] / 1e6 if r.get("floor_us") else None
         lines.append(f"{r['format'] + ' ' + r['shape']:>24} {r['bytes'] / 1e6:7.1f} "
-                     f"{_f(r.get('floor_us'), '9.1f')} {_f(tb, '5.2f')} "
-                     f"{_f(r.get('sum_us'), '8.1f')} {r.get('floor_by', '-'):<40}")
+                     f"{_fmt(r.get('floor_us'), '9.1f')} {_fmt(tb, '5.2f')} "
+                     f"{_fmt(r.get('sum_us'), '8.1f')} {r.get('floor_by', '-'):<40}")
     if fit:
         lines.append(f"fit over the cases of 30 MB or more: floor = {fit[0]:.1f} us + bytes / "
-                     f"{_f(fit[1], '.2f')} TB/s")
+                     f"{_fmt(fit[1], '.2f')} TB/s")
     lines.append("")
     lines.append(f"{'target':>24} {'x':>5} {'cuBLAS':>7} {'target us':>9} {'floor us':>9} "
                  f"{'floor x':>7} {'headroom':>8}")
@@ -142,10 +142,6 @@ def format_tables(results: list[dict], rows: list[dict], fit) -> str:
                      f"{t['cublas_us']:7.1f} {t['target_us']:9.1f} {t['floor_us']:9.1f} "
                      f"{t['floor_speedup']:7.2f} {t['headroom']:8.3f}")
     return "\n".join(lines)
-
-
-def _f(v, spec):
-    return "-" if v is None else format(v, spec)
 
 
 def load_readers(path: str | None):
@@ -195,11 +191,7 @@ def run(args) -> int:
                                        c["evict_first"], ctypes.c_void_p(counters.data_ptr()),
                                        stream()))
 
-    copy_src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    copy_dst = torch.empty_like(copy_src)
-    copy = timer.measure(lambda: copy_dst.copy_(copy_src))
-    copy_tbps = 2 * copy_src.numel() / copy["median_us"] / 1e6
-    del copy_src, copy_dst
+    copy_tbps = measure_copy(torch, timer, args.repeats)["gbps"] / 1e3
     print(f"device: {props.name} ({sms} SMs), copy {copy_tbps:.2f} TB/s (read + write)",
           file=sys.stderr)
 
@@ -248,7 +240,7 @@ def run(args) -> int:
     big = max(results, key=lambda r: r["bytes"] if r["format"] != "fp16" else 0)
     print(f"\nreaders on {big['format']} {big['shape']} ({big['bytes'] / 1e6:.1f} MB):")
     for k, v in sorted(big["readers"].items(), key=lambda kv: kv[1] or 1e30):
-        print(f"  {_f(v, '8.1f')} us  {k}")
+        print(f"  {_fmt(v, '8.1f')} us  {k}")
     if args.json:
         write_json(args.json, {
             "device": props.name, "sms": sms, "date": datetime.datetime.now().isoformat(),
