@@ -597,6 +597,78 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
                    magnitude(x.cpu().numpy(), w64, "float16"))
 
 
+def q6k_one_hot_case(rng, m):
+    """Q6_K weights whose every (q, sc) pair, q = 0..63 and sc = -128..127, meets a one-hot
+    row of x: 16384 rows of 2048 x ceil(m / 8) elements, x row i one-hot in block i, at an
+    element of half i % 8 // 4, quadrant i % 4 (a random l), where row n holds
+    q = (n + 7 i) % 64, sc = (n // 64 + 37 i) % 256 - 128 and d = 2^-(i % 4); the other
+    bytes random. Returns (the weight, x in float32, y exactly: d (q - 32) sc)."""
+    n_out, k_in = 64 * 256, 2048 * -(-m // 8)
+    n = np.arange(n_out)
+    raw = rng.integers(0, 256, size=(n_out, k_in // 256, 210), dtype=np.uint8)
+    x = np.zeros((m, k_in), np.float32)
+    y = np.empty((m, n_out))
+    for i in range(m):
+        half, quad, l = i % 8 // 4, i % 4, int(rng.integers(0, 32))
+        q, sc, d = (n + 7 * i) % 64, (n // 64 + 37 * i) % 256 - 128, 2.0**-(i % 4)
+        blk = raw[:, i]
+        ql = 64 * half + 32 * (quad & 1) + l  # low nibble for quadrants 0, 1
+        shift = 4 * (quad >> 1)
+        blk[:, ql] = (blk[:, ql] & (0xF0 >> shift)) | ((q & 15) << shift)
+        qh = 128 + 32 * half + l
+        blk[:, qh] = (blk[:, qh] & (0xFF ^ 3 << 2 * quad)) | ((q >> 4) << 2 * quad)
+        blk[:, 192 + 8 * half + 2 * quad + l // 16] = sc.astype(np.int8).view(np.uint8)
+        blk[:, 208:210] = np.full(n_out, d, np.float16).view(np.uint8).reshape(n_out, 2)
+        x[i, 256 * i + 128 * half + 32 * quad + l] = 1.0
+        y[i] = d * (q - 32) * sc
+    w = types.SimpleNamespace(blocks=raw.reshape(-1), ggml_type=GGML_ID["Q6_K"],
+                              shape=(n_out, k_in))
+    # the layout as the reference reads it, on the first rows
+    w64 = R.dequantize_gguf(raw[:64].reshape(-1), "Q6_K").reshape(64, k_in)
+    assert np.array_equal(x @ w64.T, y[:, :64])
+    return w, x, y
+
+
+def rounded(y, dtype):
+    """Exact values (float64, 12 significant bits or fewer) rounded once to dtype."""
+    return as_f64(as_dtype(y.astype(np.float32), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_q6k_one_hot_rounded_once_host(rng, dtype):
+    """Q6_K's products (q - 32) sc take up to 12 significant bits, one more than fp16's:
+    for one-hot x the host's y is every d (q - 32) sc rounded once to x's type (exact
+    for float32). A weight rounded to fp16 before the scale, or on the way, would not be."""
+    w, x, y = q6k_one_hot_case(rng, 8)
+    if dtype != "float32":  # the case needs the rounding (fp16: 628 of the 16384 pairs)
+        assert np.count_nonzero(rounded(y, dtype) != y) > 100
+    got = kbit.matmul(as_dtype(x, dtype), w, dtype=dtype if dtype == "bfloat16" else None)
+    assert np.array_equal(as_f64(got, dtype), rounded(y, dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_q6k_one_hot_rounded_once(rng, dtype):
+    """As test_q6k_one_hot_rounded_once_host on the GPU: fp16's fused pairs in the streamed
+    GEMV (one fma from codes 4q and sc / 4), bf16's (q - 32) sc, the GEMM (from m = 17)
+    and the direct kernel (blocks 2 bytes off 16) must each round a product once. Odd
+    blocks lie 2 bytes off 4 (the stream's unaligned reads)."""
+    import torch
+    w, x, y = q6k_one_hot_case(rng, 24)
+    wd = to_device(w)
+    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
+    assert padded.data_ptr() % 16 == 2
+    offset = types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type, shape=w.shape)
+    for m, weight, what in ((1, wd, "m=1"), (8, wd, "m=8"), (16, wd, "m=16"), (24, wd, "m=24"),
+                            (3, offset, "offset blocks m=3")):
+        got = from_cuda(kbit.matmul(cuda_x(as_dtype(x[:m], dtype), dtype), weight), dtype)
+        torch.cuda.synchronize()
+        want = rounded(y[:m], dtype)
+        bad = np.flatnonzero(as_f64(got, dtype) != want)
+        assert bad.size == 0, (f"{dtype} {what}: {bad.size} outputs not rounded once, e.g. "
+                               f"{as_f64(got, dtype).flat[bad[0]]} for {y[:m].flat[bad[0]]}")
+
+
 def means_rows():
     """Rows of W that give every SM six row tiles, where the streamed GEMV takes Q4_K's
     mins against x's sub-block means (gguf_stream::kMeansMinTiles), the last tile
