@@ -39,7 +39,10 @@ Method (llm.c style: check each case, then time it):
 - Read floor: torch.sum over a float32 buffer of the case's bytes, timed the same way:
   a read-only stream of those bytes with launch, first bytes and tail included, what a
   kernel that must read them cannot beat by much. "%read" = its time / kbit's time
-  (100: kbit takes as long as reading its bytes and nothing else).
+  (100: kbit takes as long as reading its bytes and nothing else). Where the read floor's
+  readers are built (build/bench/libkbit_read_floor.so, or --readers PATH), "%floor" is
+  the same for the fastest of five read-only kernels (bench/readers.py floor_configs:
+  16-byte loads with cache hints, cp.async.bulk rings), a lower floor than torch.sum's.
 - Peers, same shape and m, same method: cuBLAS (torch.matmul of x and the dense W in
   x's dtype, fp16 by default), dequantize + cuBLAS (kbit's dequantize into a
   preallocated scratch of x's dtype, then torch.matmul), and bitsandbytes'
@@ -66,6 +69,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from readers import Readers, fastest, floor_configs  # noqa: E402  (bench/readers.py)
 
 # ---- what is measured -------------------------------------------------------------
 
@@ -225,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "its size (default; L2 then holds dirty lines) or read one (clean "
                          "lines, as between the layers of a decode step)")
     ap.add_argument("--no-bnb", action="store_true", help="do not time bitsandbytes")
+    ap.add_argument("--readers", metavar="PATH",
+                    help="the read floor's readers (default: BUILD/bench/libkbit_read_floor.so "
+                         "where built; without them no %%floor column)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--selftest", action="store_true",
                     help="test the pure-Python parts (no torch or GPU needed) and exit")
@@ -340,6 +348,7 @@ TABLE_COLUMNS = [  # header, width, row -> text
     ("GB/s", 6, lambda r: _fmt(_get(r, "kbit", "gbps"), ".0f")),
     ("%copy", 6, lambda r: _fmt(_get(r, "kbit", "pct_copy"), ".1f")),
     ("%read", 6, lambda r: _fmt(r.get("pct_read"), ".1f")),
+    ("%floor", 6, lambda r: _fmt(r.get("pct_floor"), ".1f")),
     ("TF/s", 6, lambda r: _fmt(_get(r, "kbit", "tflops"), ".1f")),
     ("xcuBLAS", 8, lambda r: _fmt(r.get("speedup_cublas"), ".2f")),
     ("xdeq+cuB", 8, lambda r: _fmt(r.get("speedup_deq_cublas"), ".2f")),
@@ -557,6 +566,15 @@ class Bench:
         self.tdtype = getattr(torch, self.dtype_name)
         self.timer = Timer(torch, args.repeats, args.budget, args.flush)
         self.read_buf = None  # the read floor's buffer (grown to the largest case)
+        self.readers, self.readers_note = None, None  # bench/readers.py's, where built
+        try:
+            self.readers = Readers(torch, args.readers)
+            self.floor_configs = floor_configs(self.readers.sms)
+            self.readers_note = self.readers.path
+        except (OSError, AttributeError) as e:  # not built, or not loadable here
+            if args.readers:
+                raise SystemExit(f"bench_matmul: --readers {args.readers}: {_err_text(e)}")
+            self.readers_note = f"not timed: {_err_text(e)[:200]}"
         self.bnb = None
         self.bnb_note = "not requested (--no-bnb)" if args.no_bnb else None
         if not args.no_bnb:
@@ -584,7 +602,8 @@ class Bench:
                 "sleep_cycles_per_us": self.timer.cycles_per_us,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "torch": torch.__version__, "cuda": torch.version.cuda,
-                "python": platform.python_version(), "bitsandbytes": self.bnb_note}
+                "python": platform.python_version(), "bitsandbytes": self.bnb_note,
+                "readers": self.readers_note}
         try:
             info["kbit_version"] = kbit.version()
         except Exception as e:
@@ -817,12 +836,19 @@ class Bench:
                 if not self.check_alive():
                     return
 
-        # 4. the read floor: a read-only stream of the same bytes (torch.sum)
+        # 4. the read floor: a read-only stream of the same bytes (torch.sum), and the
+        # fastest of the read-only kernels where built
         try:
             buf = self.read_buffer(nbytes)
             r["read"] = with_rates(self.timer.measure(lambda: buf.sum()), nbytes, 0.0, copy_gbps)
+            if self.readers:
+                times = self.readers.time_all(self.timer, buf.data_ptr(), nbytes,
+                                              self.floor_configs)
+                by, us = fastest(times)
+                r["floor"] = {"median_us": us, "by": by, "readers": times}
         except Exception as e:
-            r["read"] = {"error": _err_text(e)}
+            r["read"] = r.get("read") or {"error": _err_text(e)}
+            r["floor"] = {"error": _err_text(e)}
             if not self.check_alive():
                 return
 
@@ -832,8 +858,9 @@ class Bench:
                               ("speedup_deq_cublas", _get(r, "deq_cublas", "median_us")),
                               ("speedup_bnb", _get(r, "bnb", "median_us"))):
                 r[key] = peer / kt if peer else None
-            read_us = _get(r, "read", "median_us")
-            r["pct_read"] = 100.0 * read_us / kt if read_us else None
+            for key, floor in (("pct_read", _get(r, "read", "median_us")),
+                               ("pct_floor", _get(r, "floor", "median_us"))):
+                r[key] = 100.0 * floor / kt if floor else None
         del y_ref
         print(f"{label} {_status(r)} {_fmt(kt, '.1f')} us, x{_fmt(r.get('speedup_cublas'), '.2f')} "
               f"cuBLAS", file=sys.stderr, flush=True)
@@ -851,7 +878,8 @@ def run(args) -> int:
                       "a GPU spin before each timed call, neither timed; bytes = W stored + x + y "
                       "(the fused kernel's minimum traffic; deq_cublas and bnb GB/s are effective "
                       "rates on those same bytes, cublas GB/s on the dense W; read = torch.sum over a "
-                      "float32 buffer of the same bytes, the read-only floor); GGUF weights are "
+                      "float32 buffer of the same bytes, the read-only floor; floor = the fastest "
+                      "of bench/readers.py's floor_configs on them); GGUF weights are "
                       "random valid blocks unless --gguf-source quantize"),
            "rows": bench.rows, "cublas": bench.cublas}
     status = 0
@@ -859,7 +887,7 @@ def run(args) -> int:
         doc.update(bench.device_info())
         print(f"device: {doc['device']} ({doc['sms']} SMs, L2 {doc['l2_bytes'] >> 20} MiB), "
               f"torch {doc['torch']}, CUDA {doc['cuda']}, libkbit {doc.get('kbit_version')}, "
-              f"bitsandbytes: {doc['bitsandbytes']}", flush=True)
+              f"bitsandbytes: {doc['bitsandbytes']}; read floor's readers: {doc['readers']}", flush=True)
         doc["copy"] = bench.measure_copy()
         copy_gbps = doc["copy"]["gbps"]
         doc["event_floor"] = bench.event_floor()
@@ -1024,7 +1052,8 @@ def selftest() -> int:
           "check": {"rel_err": 3.1e-4, "ok": True, "tol": 2e-3},
           "kbit": {"median_us": 4.2, "gbps": 2125.3, "pct_copy": 70.1, "tflops": 0.008},
           "speedup_cublas": 3.1, "speedup_deq_cublas": 4.4, "bnb": {"median_us": 9.0},
-          "speedup_bnb": 2.14, "cublas_us": 13.0, "read": {"median_us": 3.9}, "pct_read": 92.9}
+          "speedup_bnb": 2.14, "cublas_us": 13.0, "read": {"median_us": 3.9}, "pct_read": 92.9,
+          "floor": {"median_us": 3.5, "by": "ldg"}, "pct_floor": 83.3}
     fail = dict(ok, format="q6_k", check={"rel_err": float("nan"), "ok": False}, bnb=None,
                 speedup_bnb=None)
     err = {"n_out": 28672, "k_in": 8192, "shape": "28672x8192", "format": "kbit4-fp32", "m": 4096,
@@ -1034,7 +1063,7 @@ def selftest() -> int:
     lines = table.splitlines()
     expect(len(lines) == 5 and lines[0] == "title", "table lines")
     expect(lines[2].endswith(" ok") and "4.2" in lines[2] and "3.10" in lines[2]
-           and "2.14" in lines[2] and "3.1e-04" in lines[2] and " 92.9 " in lines[2],
+           and "2.14" in lines[2] and "3.1e-04" in lines[2] and " 92.9   83.3 " in lines[2],
            f"ok row: {lines[2]}")
     expect(lines[3].endswith("FAIL"), f"fail row: {lines[3]}")
     expect("ERROR (check): KbitError: kbit_matmul_kbit: not supported yet" in lines[4],

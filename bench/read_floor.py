@@ -24,15 +24,14 @@ the bytes this way meets the target, however fast its decode.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import os
 import platform
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_matmul import Timer, _fmt, case_bytes, measure_copy, write_json  # noqa: E402
+from readers import Readers, config_name, fastest, floor_configs, reader_configs  # noqa: E402
 
 # The GEMV issue's m = 1 targets (speedup over cuBLAS fp16) on its large shapes, and the
 # one on 4096x4096.
@@ -40,39 +39,6 @@ LARGE_SHAPES = [(28672, 8192), (8192, 28672)]
 TARGETS = {"kbit2-tiled": 6.0, "kbit3-tiled": 4.5, "kbit4-tiled": 3.5, "kbit5-tiled": 2.85,
            "nf4-tiled": 3.3, "q4_0": 3.3, "q4_k": 3.3, "q5_k": 2.7, "q6_k": 2.25, "q8_0": 1.75}
 SMALL_TARGETS = {((4096, 4096), "kbit4-tiled"): 2.5}
-
-HINTS = {0: "plain", 1: "nc.no_alloc", 2: "nc.L2::256B", 3: "nc.256B.evict_first"}
-WALKS = {0: "even", 1: "round-robin", 2: "counter"}
-
-
-def reader_configs(sms: int, quick: bool = False) -> list[dict]:
-    """The reader configurations tried on every case."""
-    out = []
-    ldg_shapes = [(4, sms * 4, 256), (8, sms * 4, 256), (8, sms * 2, 512), (4, sms * 8, 256)]
-    if quick:
-        ldg_shapes = ldg_shapes[:2]
-    for hint in HINTS:
-        for unroll, ctas, threads in ldg_shapes:
-            out.append({"kind": "ldg", "hint": hint, "unroll": unroll, "ctas": ctas,
-                        "threads": threads})
-    bulk_shapes = [(16 << 10, 8, sms), (32 << 10, 6, sms), (16 << 10, 6, 2 * sms)]
-    if quick:
-        bulk_shapes = bulk_shapes[:1]
-    for walk in WALKS:
-        for stage, ring, ctas in bulk_shapes:
-            out.append({"kind": "bulk", "walk": walk, "stage": stage, "ring": ring,
-                        "ctas": ctas, "evict_first": 1})
-    out.append({"kind": "bulk", "walk": 2, "stage": 16 << 10, "ring": 8, "ctas": sms,
-                "evict_first": 0})
-    return out
-
-
-def config_name(c: dict) -> str:
-    if c["kind"] == "ldg":
-        return f"ldg {HINTS[c['hint']]} u{c['unroll']} {c['ctas']}x{c['threads']}"
-    ef = "" if c["evict_first"] else " normal"
-    return f"bulk {WALKS[c['walk']]} {c['stage'] >> 10}K x{c['ring']} {c['ctas']} CTAs{ef}"
-
 
 def cases(quick: bool = False) -> list[dict]:
     """(format, shape, bytes) of every target, plus dense fp16 on each shape."""
@@ -144,29 +110,14 @@ def format_tables(results: list[dict], rows: list[dict], fit) -> str:
     return "\n".join(lines)
 
 
-def load_readers(path: str | None):
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [path] if path else [
-        os.path.join(here, "..", d, "bench", "libkbit_read_floor.so")
-        for d in (os.environ.get("BUILD", "build"), "build", "build90")]
-    for p in candidates:
-        if p and os.path.exists(p):
-            lib = ctypes.CDLL(os.path.abspath(p))
-            lib.rf_ldg.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4 + \
-                [ctypes.c_void_p, ctypes.c_void_p]
-            lib.rf_bulk.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 5 + \
-                [ctypes.c_void_p, ctypes.c_void_p]
-            lib.rf_ldg.restype = lib.rf_bulk.restype = ctypes.c_int
-            return lib, os.path.abspath(p)
-    raise SystemExit(f"read_floor: no reader library (tried {candidates}); build with CUDA "
-                     "or pass --lib")
-
-
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("read_floor: PyTorch sees no CUDA device")
-    lib, lib_path = load_readers(args.lib)
+    try:
+        readers = Readers(torch, args.lib)
+    except FileNotFoundError as e:
+        raise SystemExit(f"read_floor: {e} or pass --lib")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     timer = Timer(torch, args.repeats, args.budget, args.flush)
@@ -175,21 +126,7 @@ def run(args) -> int:
     biggest += -biggest % 16
     buf = torch.empty(biggest, dtype=torch.uint8, device="cuda")
     buf.random_(0, 255)
-    sink = torch.zeros(8 * sms * 8, dtype=torch.int32, device="cuda")
-    counters = torch.zeros(2, dtype=torch.int32, device="cuda")
     configs = reader_configs(sms, args.quick)
-
-    def stream():
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-    def reader(c, nbytes):
-        p = ctypes.c_void_p(buf.data_ptr())
-        if c["kind"] == "ldg":
-            return lambda: _ok(lib.rf_ldg(p, nbytes, c["ctas"], c["threads"], c["unroll"],
-                                          c["hint"], ctypes.c_void_p(sink.data_ptr()), stream()))
-        return lambda: _ok(lib.rf_bulk(p, nbytes, c["ctas"], c["stage"], c["ring"], c["walk"],
-                                       c["evict_first"], ctypes.c_void_p(counters.data_ptr()),
-                                       stream()))
 
     copy_tbps = measure_copy(torch, timer, args.repeats)["gbps"] / 1e3
     print(f"device: {props.name} ({sms} SMs), copy {copy_tbps:.2f} TB/s (read + write)",
@@ -209,25 +146,18 @@ def run(args) -> int:
         if nbytes in measured:  # the same bytes on the other large shape
             results.append(dict(c, **measured[nbytes]))
             continue
-        r = dict(c, readers={})
-        for cfg in configs:
-            try:
-                r["readers"][config_name(cfg)] = timer.measure(reader(cfg, nbytes))["median_us"]
-            except ReaderError as e:  # a refused launch; a CUDA fault (sticky) propagates
-                r["readers"][config_name(cfg)] = None
-                print(f"{config_name(cfg)}: {e}", file=sys.stderr)
+        r = dict(c, readers=readers.time_all(timer, buf.data_ptr(), nbytes, configs,
+                                             log=lambda msg: print(msg, file=sys.stderr)))
         fl = buf[:nbytes // 4 * 4].view(torch.float32)
         r["sum_us"] = timer.measure(lambda: fl.sum())["median_us"]
-        timed = {k: v for k, v in r["readers"].items() if v}
-        if timed:
-            r["floor_by"] = min(timed, key=timed.get)
-            r["floor_us"] = timed[r["floor_by"]]
+        by, us = fastest(r["readers"])
+        if by:
+            r["floor_by"], r["floor_us"] = by, us
         results.append(r)
         measured[nbytes] = {k: r[k] for k in ("readers", "sum_us", "floor_by", "floor_us") if k in r}
         print(f"{c['format']} {c['shape']}: floor {r.get('floor_us', 0):.1f} us "
               f"({r.get('floor_by')}), torch.sum {r['sum_us']:.1f}", file=sys.stderr)
-    torch.cuda.synchronize()
-    if int(counters.sum()) != 0:
+    if not readers.clean():
         print("read_floor: the counter walk left its counters set", file=sys.stderr)
         return 1
 
@@ -244,21 +174,12 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, {
             "device": props.name, "sms": sms, "date": datetime.datetime.now().isoformat(),
-            "host": platform.node(), "torch": torch.__version__, "lib": lib_path,
+            "host": platform.node(), "torch": torch.__version__, "lib": readers.path,
             "flush": args.flush, "repeats": args.repeats, "copy_tbps": copy_tbps,
             "cublas_fp16_m1_us": cublas, "cases": results, "targets": rows,
             "fit": {"fixed_us": fit[0], "tbps": fit[1]} if fit else None,
             "configs": configs})
     return 0
-
-
-class ReaderError(RuntimeError):
-    """A reader's launch refused (its configuration does not fit this GPU)."""
-
-
-def _ok(rc: int):
-    if rc != 0:
-        raise ReaderError(f"reader launch failed: cudaError {rc}")
 
 
 def selftest() -> int:
@@ -278,6 +199,7 @@ def selftest() -> int:
     assert abs(a - (50.0 - 132e6 * 110.0 / 338e6)) < 1e-6 and abs(rate - 338e6 / 110.0 / 1e6) < 1e-9
     names = {config_name(c) for c in reader_configs(132)}
     assert len(names) == len(reader_configs(132)), "config names unique"
+    assert {config_name(c) for c in floor_configs(132)} <= names, "bench_matmul's floor readers"
     print(format_tables(res, rows, (a, rate)))
     print("selftest passed")
     return 0
