@@ -188,7 +188,10 @@ cudaError_t launch_bulk(const char *p, int64_t bytes, int ctas, int stage, int r
     const int smem = stage * ring;
     const cudaError_t e =
         cudaFuncSetAttribute(read_bulk<kWalk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) {
+        cudaGetLastError();  // a refusal, not left pending for the caller's next launch
+        return e;
+    }
     read_bulk<kWalk><<<ctas, 32, smem, s>>>(p, bytes, stage, ring, evict_first, counters);
     return cudaGetLastError();
 }
@@ -235,8 +238,10 @@ int rf_bulk(const void *p, int64_t bytes, int ctas, int stage_bytes, int ring, i
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
             return cudaErrorNoDevice;
         if (major < 9 || cudaFuncGetAttributes(&fa, read_bulk<kEven>) != cudaSuccess ||
-            fa.ptxVersion < 90)
+            fa.ptxVersion < 90) {
+            cudaGetLastError();  // (no image for this device: not left pending)
             return cudaErrorNotSupported;
+        }
         return cudaSuccess;
     }();
     if (usable != cudaSuccess) return usable;

@@ -1,7 +1,7 @@
 """The read-only kernels of bench/read_floor.cu, from Python: their configurations, the
-library's loading, and the fastest of a set on a buffer's first bytes, timed by a caller's
-bench_matmul.Timer. Used by bench/read_floor.py (every configuration, every target) and
-bench/bench_matmul.py (the `floor` column: FLOOR_CONFIGS beside each case).
+library's loading, and each configuration's time on a buffer's first bytes, timed by a
+caller's bench_matmul.Timer. Used by bench/read_floor.py (every configuration, every
+target) and bench/bench_matmul.py (the `floor` column: floor_configs() beside each case).
 """
 from __future__ import annotations
 
@@ -55,9 +55,17 @@ class ReaderError(RuntimeError):
     """A reader's launch refused (its configuration does not fit this GPU)."""
 
 
+# cudaError_t values that refuse a configuration (invalid value or configuration, out of
+# resources, not supported: no sm_90 bulk copies); any other is a fault, not a refusal
+REFUSALS = {1: "invalid value", 9: "invalid configuration", 701: "out of resources",
+            801: "not supported"}
+
+
 def _ok(rc: int):
+    if rc in REFUSALS:
+        raise ReaderError(f"reader launch refused: cudaError {rc} ({REFUSALS[rc]})")
     if rc != 0:
-        raise ReaderError(f"reader launch failed: cudaError {rc}")
+        raise RuntimeError(f"reader launch failed: cudaError {rc}")
 
 
 def load_library(path: str | None = None):
@@ -86,7 +94,8 @@ class Readers:
     def __init__(self, torch, path: str | None = None):
         self.torch = torch
         self.lib, self.path = load_library(path)
-        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.sms = torch.cuda.get_device_properties(
+            torch.cuda.current_device()).multi_processor_count
         self.sink = torch.zeros(8 * self.sms * 8, dtype=torch.int32, device="cuda")
         self.counters = torch.zeros(2, dtype=torch.int32, device="cuda")
 
@@ -120,8 +129,13 @@ class Readers:
         return out
 
     def clean(self) -> bool:
+        """Whether the counter walk left its counters zeroed (else they are zeroed here:
+        a walk that starts from set counters reads nothing, and would time as a floor)."""
         self.torch.cuda.synchronize()
-        return int(self.counters.sum()) == 0
+        if int(self.counters.sum()) == 0:
+            return True
+        self.counters.zero_()
+        return False
 
 
 def fastest(times: dict):

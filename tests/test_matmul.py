@@ -606,6 +606,7 @@ def q6k_one_hot_case(rng, m):
     n_out, k_in = 64 * 256, 2048 * -(-m // 8)
     n = np.arange(n_out)
     raw = rng.integers(0, 256, size=(n_out, k_in // 256, 210), dtype=np.uint8)
+    raw[:, :, 208:210] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)  # d finite everywhere
     x = np.zeros((m, k_in), np.float32)
     y = np.empty((m, n_out))
     for i in range(m):
@@ -650,9 +651,11 @@ def test_q6k_one_hot_rounded_once_host(rng, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_q6k_one_hot_rounded_once(rng, dtype):
     """As test_q6k_one_hot_rounded_once_host on the GPU: fp16's fused pairs in the streamed
-    GEMV (one fma from codes 4q and sc / 4), bf16's (q - 32) sc, the GEMM (from m = 17)
-    and the direct kernel (blocks 2 bytes off 16) must each round a product once. Odd
-    blocks lie 2 bytes off 4 (the stream's unaligned reads)."""
+    GEMV (one fma from codes 4q and sc / 4), bf16's (q - 32) sc, the GEMM (m = 16 and 24 on
+    this weight of 2^26 elements) and the direct kernel (blocks 2 bytes off 16) must each
+    give every product rounded once ((base + 4q) sc / 4 rounded to fp16 before
+    (base / 4 + 32) sc is taken off would change 11034 of the 16384; bf16 or fp32 x
+    through fp16, 80 or 628). Odd blocks lie 2 bytes off 4 (the stream's unaligned reads)."""
     import torch
     w, x, y = q6k_one_hot_case(rng, 24)
     wd = to_device(w)
