@@ -70,7 +70,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from readers import Readers, fastest, floor_configs  # noqa: E402  (bench/readers.py)
+from readers import Readers, floor_configs  # noqa: E402  (bench/readers.py)
 
 # ---- what is measured -------------------------------------------------------------
 
@@ -842,13 +842,9 @@ class Bench:
             buf = self.read_buffer(nbytes)
             r["read"] = with_rates(self.timer.measure(lambda: buf.sum()), nbytes, 0.0, copy_gbps)
             if self.readers:
-                times = self.readers.time_all(self.timer, buf.data_ptr(), nbytes,
-                                              self.floor_configs,
-                                              log=lambda msg: print(msg, file=sys.stderr))
-                by, us = fastest(times)
-                r["floor"] = ({"median_us": us, "by": by, "readers": times}
-                              if self.readers.clean() else
-                              {"error": "the counter walk left its counters set", "readers": times})
+                r["floor"] = self.readers.floor(self.timer, buf.data_ptr(), nbytes,
+                                                self.floor_configs,
+                                                log=lambda msg: print(msg, file=sys.stderr))
         except Exception as e:
             r["read"] = r.get("read") or {"error": _err_text(e)}
             if self.readers:

@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_matmul import Timer, _fmt, case_bytes, measure_copy, write_json  # noqa: E402
-from readers import Readers, config_name, fastest, floor_configs, reader_configs  # noqa: E402
+from readers import Readers, ReaderError, config_name, floor_configs, reader_configs  # noqa: E402
 
 # The GEMV issue's m = 1 targets (speedup over cuBLAS fp16) on its large shapes, and the
 # one on 4096x4096.
@@ -118,8 +118,8 @@ def run(args) -> int:
         readers = Readers(torch, args.lib)
     except FileNotFoundError as e:
         raise SystemExit(f"read_floor: {e} or pass --lib")
-    props = torch.cuda.get_device_properties(0)
-    sms = props.multi_processor_count
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    sms = readers.sms
     timer = Timer(torch, args.repeats, args.budget, args.flush)
     todo = cases(args.quick)
     biggest = max(c["bytes"] for c in todo)
@@ -146,20 +146,20 @@ def run(args) -> int:
         if nbytes in measured:  # the same bytes on the other large shape
             results.append(dict(c, **measured[nbytes]))
             continue
-        r = dict(c, readers=readers.time_all(timer, buf.data_ptr(), nbytes, configs,
-                                             log=lambda msg: print(msg, file=sys.stderr)))
+        f = readers.floor(timer, buf.data_ptr(), nbytes, configs,
+                          log=lambda msg: print(msg, file=sys.stderr))
+        if "error" in f:
+            print(f"read_floor: {c['format']} {c['shape']}: {f['error']}", file=sys.stderr)
+            return 1
+        r = dict(c, readers=f["readers"])
         fl = buf[:nbytes // 4 * 4].view(torch.float32)
         r["sum_us"] = timer.measure(lambda: fl.sum())["median_us"]
-        by, us = fastest(r["readers"])
-        if by:
-            r["floor_by"], r["floor_us"] = by, us
+        if f["by"]:
+            r["floor_by"], r["floor_us"] = f["by"], f["median_us"]
         results.append(r)
         measured[nbytes] = {k: r[k] for k in ("readers", "sum_us", "floor_by", "floor_us") if k in r}
         print(f"{c['format']} {c['shape']}: floor {r.get('floor_us', 0):.1f} us "
               f"({r.get('floor_by')}), torch.sum {r['sum_us']:.1f}", file=sys.stderr)
-    if not readers.clean():
-        print("read_floor: the counter walk left its counters set", file=sys.stderr)
-        return 1
 
     rows = target_rows(results, cublas)
     fit = fit_floor(results)
@@ -200,9 +200,39 @@ def selftest() -> int:
     names = {config_name(c) for c in reader_configs(132)}
     assert len(names) == len(reader_configs(132)), "config names unique"
     assert {config_name(c) for c in floor_configs(132)} <= names, "bench_matmul's floor readers"
+    selftest_floor()
     print(format_tables(res, rows, (a, rate)))
     print("selftest passed")
     return 0
+
+
+def selftest_floor():
+    """Readers.floor without a GPU: a refused reader is None, the fastest timed one is the
+    floor, counters left set are an error (and zeroed)."""
+    import types
+    cfgs = floor_configs(132)
+    times = {config_name(c): 50.0 + i for i, c in enumerate(cfgs)}
+    times[config_name(cfgs[0])] = None  # refused
+    counters = types.SimpleNamespace(left=0)
+    counters.sum = lambda: counters.left
+    counters.zero_ = lambda: setattr(counters, "left", 0)
+    rd = Readers.__new__(Readers)
+    rd.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    rd.counters = counters
+
+    def call(c, ptr, nbytes):
+        if times[config_name(c)] is None:
+            raise ReaderError("refused")
+        return config_name(c)
+    rd.call = call
+    timer = types.SimpleNamespace(measure=lambda name: {"median_us": times[name]})
+    refused = []
+    f = rd.floor(timer, 0, 1000, cfgs, log=refused.append)
+    assert f["by"] == config_name(cfgs[1]) and f["median_us"] == 51.0, f
+    assert f["readers"] == times and len(refused) == 1 and "error" not in f
+    counters.left = 3
+    f = rd.floor(timer, 0, 1000, cfgs)
+    assert "error" in f and "by" not in f and counters.left == 0, f
 
 
 def main(argv=None) -> int:

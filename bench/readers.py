@@ -89,7 +89,7 @@ def load_library(path: str | None = None):
 
 class Readers:
     """The readers on the current device and stream: their sink and the counter walk's
-    counters (left zeroed by every walk: clean() says whether they are)."""
+    counters (left zeroed by every walk: floor() checks that they are)."""
 
     def __init__(self, torch, path: str | None = None):
         self.torch = torch
@@ -114,34 +114,26 @@ class Readers:
         return lambda: _ok(self.lib.rf_bulk(p, nbytes, c["ctas"], c["stage"], c["ring"],
                                             c["walk"], c["evict_first"], counters, stream()))
 
-    def time_all(self, timer, ptr: int, nbytes: int, configs: list[dict], log=None) -> dict:
-        """Each configuration's median time (us; None where refused) reading the first
-        nbytes (rounded down to 16) at ptr, timed by timer.measure."""
+    def floor(self, timer, ptr: int, nbytes: int, configs: list[dict], log=None) -> dict:
+        """Each configuration reading the first nbytes (rounded down to 16) at ptr, timed
+        by timer.measure: {"readers": name -> median us (None where refused), "by", and
+        "median_us" of the fastest}; {"readers", "error"} where the counter walk left its
+        counters set (they are zeroed again: a walk that starts from set counters reads
+        nothing and would time as the floor)."""
         nbytes -= nbytes % 16
-        out = {}
+        times = {}
         for c in configs:
+            name = config_name(c)
             try:
-                out[config_name(c)] = timer.measure(self.call(c, ptr, nbytes))["median_us"]
+                times[name] = timer.measure(self.call(c, ptr, nbytes))["median_us"]
             except ReaderError as e:  # refused; a CUDA fault (sticky) propagates
-                out[config_name(c)] = None
+                times[name] = None
                 if log:
-                    log(f"{config_name(c)}: {e}")
-        return out
-
-    def clean(self) -> bool:
-        """Whether the counter walk left its counters zeroed (else they are zeroed here:
-        a walk that starts from set counters reads nothing, and would time as a floor)."""
+                    log(f"{name}: {e}")
         self.torch.cuda.synchronize()
-        if int(self.counters.sum()) == 0:
-            return True
-        self.counters.zero_()
-        return False
-
-
-def fastest(times: dict):
-    """(name, us) of the fastest timed reader, or (None, None)."""
-    timed = {k: v for k, v in times.items() if v}
-    if not timed:
-        return None, None
-    best = min(timed, key=timed.get)
-    return best, timed[best]
+        if int(self.counters.sum()) != 0:
+            self.counters.zero_()
+            return {"readers": times, "error": "the counter walk left its counters set"}
+        timed = {k: v for k, v in times.items() if v}
+        best = min(timed, key=timed.get) if timed else None
+        return {"readers": times, "by": best, "median_us": timed.get(best)}

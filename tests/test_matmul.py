@@ -464,6 +464,14 @@ def to_device(w):
     return types.SimpleNamespace(blocks=cuda(w.blocks), ggml_type=w.ggml_type, shape=w.shape)
 
 
+def offset_blocks(w):
+    """A GGUF weight's blocks on the GPU 2 bytes past a 16-byte boundary (the direct
+    kernels' case: the streamed ones need 16)."""
+    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
+    assert padded.data_ptr() % 16 == 2
+    return types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type, shape=w.shape)
+
+
 def gpu_case(rng, family, n_out, k_in, **kw):
     if family == "kbit":
         return kbit_weight(rng, n_out, k_in, kw.get("k", 4), kw.get("fmt", "e4m4"),
@@ -587,11 +595,8 @@ def test_gpu_gguf_streamed_gemv(rng, qtype):
             check_gpu(rng, w, w64, m, dtype, m % 2 == 1, f"{qtype} {n_out}x{k_in} m={m}")
     # the same bytes 2 bytes past a 16-byte boundary: the direct kernel
     w, w64 = gpu_case(rng, qtype, 20, 2048)
-    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
-    assert padded.data_ptr() % 16 == 2
     x = torch.from_numpy(random_x(rng, (3, 2048), "float16")).cuda()
-    y = kbit.matmul(x, types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type,
-                                             shape=w.shape))
+    y = kbit.matmul(x, offset_blocks(w))
     y_ref = reference(x.cpu().numpy(), w64, None, "float16")
     check_accuracy(y.cpu().numpy(), y_ref, "float16", f"{qtype} offset blocks",
                    magnitude(x.cpu().numpy(), w64, "float16"))
@@ -619,7 +624,7 @@ def q6k_one_hot_case(rng, m):
         qh = 128 + 32 * half + l
         blk[:, qh] = (blk[:, qh] & (0xFF ^ 3 << 2 * quad)) | ((q >> 4) << 2 * quad)
         blk[:, 192 + 8 * half + 2 * quad + l // 16] = sc.astype(np.int8).view(np.uint8)
-        blk[:, 208:210] = np.full(n_out, d, np.float16).view(np.uint8).reshape(n_out, 2)
+        blk[:, 208:210] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
         x[i, 256 * i + 128 * half + 32 * quad + l] = 1.0
         y[i] = d * (q - 32) * sc
     w = types.SimpleNamespace(blocks=raw.reshape(-1), ggml_type=GGML_ID["Q6_K"],
@@ -656,16 +661,12 @@ def test_gpu_q6k_one_hot_rounded_once(rng, dtype):
     give every product rounded once ((base + 4q) sc / 4 rounded to fp16 before
     (base / 4 + 32) sc is taken off would change 11034 of the 16384; bf16 or fp32 x
     through fp16, 80 or 628). Odd blocks lie 2 bytes off 4 (the stream's unaligned reads)."""
-    import torch
     w, x, y = q6k_one_hot_case(rng, 24)
     wd = to_device(w)
-    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
-    assert padded.data_ptr() % 16 == 2
-    offset = types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type, shape=w.shape)
+    offset = offset_blocks(w)
     for m, weight, what in ((1, wd, "m=1"), (8, wd, "m=8"), (16, wd, "m=16"), (24, wd, "m=24"),
                             (3, offset, "offset blocks m=3")):
         got = from_cuda(kbit.matmul(cuda_x(as_dtype(x[:m], dtype), dtype), weight), dtype)
-        torch.cuda.synchronize()
         want = rounded(y[:m], dtype)
         bad = np.flatnonzero(as_f64(got, dtype) != want)
         assert bad.size == 0, (f"{dtype} {what}: {bad.size} outputs not rounded once, e.g. "
@@ -778,10 +779,7 @@ def test_gpu_gguf_gemm(rng, qtype):
                        f"{qtype} workspace={use_ws}", magnitude(x, w64, dtype))
         assert int(torch.count_nonzero(ws)) == 0, "the workspace was not left zeroed"
     # the same bytes 2 bytes past a 16-byte boundary: the direct kernel
-    padded = cuda(np.concatenate([np.zeros(2, np.uint8), w.blocks]))[2:]
-    assert padded.data_ptr() % 16 == 2
-    y = kbit.matmul(x_t[:70], types.SimpleNamespace(blocks=padded, ggml_type=w.ggml_type,
-                                                    shape=w.shape))
+    y = kbit.matmul(x_t[:70], offset_blocks(w))
     check_accuracy(from_cuda(y, dtype), reference(x[:70], w64, None, dtype), dtype,
                    f"{qtype} offset blocks", magnitude(x[:70], w64, dtype))
 
