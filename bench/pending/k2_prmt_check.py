@@ -7,7 +7,9 @@ umulhi(n, 0x110000) + 0x2020 of n = (w >> (j % 2 + 4 (j / 2))) & 0x05050505 pick
 book registers (lo, hi) = prmt(e0, e3, 0x5140), prmt(e12, e15, 0x5140) exactly the entries
 of elements (j, 4 + j) of rows g (bytes 0, 1) and g + 8 (bytes 2, 3), every selector nibble
 below 8 (prmt.b32 reads a set bit 3 as sign replication); and x's halves in the pairs
-(j, 4 + j) (pair_halves). Run: python3 bench/pending/k2_prmt_check.py"""
+(j, 4 + j) (pair_halves). It first checks that the diff still writes these expressions.
+Run: python3 bench/pending/k2_prmt_check.py"""
+import os
 import random
 import struct
 
@@ -28,7 +30,21 @@ def pair_index(c0, c1):
     return (c0 & 1) | (c1 & 1) << 1 | (c0 >> 1) << 2 | (c1 >> 1) << 3
 
 
+# The expressions checked here, as the diff writes them (a diff that changes one fails).
+DIFF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k2-prmt-decode.diff")
+IN_DIFF = ["(w[v] >> (j % 2 + 4 * (j / 2))) & 0x05050505u",
+           "prmt(book.lo, book.hi, n * 0x11u + 0x2020u)",
+           "prmt(book.lo, book.hi, __umulhi(n, 0x110000u) + 0x2020u)",
+           "__byte_perm(entry(0), entry(3), 0x5140u), __byte_perm(entry(12), entry(15), 0x5140u)",
+           "__byte_perm(x.x, x.z, 0x5410u), __byte_perm(x.x, x.z, 0x7632u)",
+           "__byte_perm(x.y, x.w, 0x5410u), __byte_perm(x.y, x.w, 0x7632u)"]
+
+
 def main():
+    with open(DIFF) as f:
+        added = "\n".join(line[1:] for line in f if line.startswith("+"))
+    missing = [e for e in IN_DIFF if e not in added]
+    assert not missing, f"the diff no longer writes {missing}: update this check"
     rng = random.Random(36)
     checked = 0
     for _ in range(64):
