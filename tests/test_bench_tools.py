@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, requires_gpu
 
 
 def _row(shape, fmt, m, us, speedup, read=None):
@@ -117,3 +119,64 @@ def test_read_floor_selftest():
     assert out.returncode == 0, out.stderr
     assert "selftest passed" in out.stdout
     assert "q4_0 28672x8192  3.30   176.0      53.3      50.0    3.52    1.067" in out.stdout
+
+
+@requires_gpu
+def test_gpu_readers(tmp_path):
+    # bench/readers.py's read-only kernels on the GPU: every configuration read_floor.py
+    # tries runs (none refused on compute capability 9.0, the bulk readers refused
+    # elsewhere), the counter walk leaves its counters zeroed, bad sizes are refused with
+    # ReaderError, and bench_matmul's %floor column comes from them
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from readers import ReaderError, Readers, config_name, floor_configs, reader_configs
+    try:
+        readers = Readers(torch)
+    except FileNotFoundError as e:
+        pytest.skip(f"the read floor's readers are not built: {e}")
+
+    class Timer:  # one untimed call, then one timed by events
+        def measure(self, fn):
+            fn()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            return {"median_us": start.elapsed_time(stop) * 1e3}
+
+    buf = torch.ones((3 << 20) + 56, dtype=torch.uint8, device="cuda")  # not a whole stage
+    configs = reader_configs(readers.sms)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    got = readers.floor(Timer(), buf.data_ptr(), buf.numel(), configs)
+    assert "error" not in got, got
+    assert set(got["readers"]) == {config_name(c) for c in configs}
+    for c in configs:
+        t = got["readers"][config_name(c)]
+        if c["kind"] == "bulk" and not hopper:
+            assert t is None, c
+        else:
+            assert t is not None and t > 0, c
+    assert got["by"] in got["readers"] and got["median_us"] == got["readers"][got["by"]]
+    assert int(readers.counters.sum()) == 0
+    for c in floor_configs(readers.sms):
+        with pytest.raises(ReaderError, match="invalid value"):
+            readers.call(c, buf.data_ptr(), 40)()  # not a multiple of 16
+    with pytest.raises(ReaderError, match="invalid value"):
+        readers.call({**floor_configs(readers.sms)[0], "ring": 17}, buf.data_ptr(), 4096)()
+    torch.cuda.synchronize()
+
+    path = str(tmp_path / "bm.json")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_matmul.py"),
+                          "--no-bnb", "--repeats", "3", "--shapes", "256x512", "--m", "1",
+                          "--formats", "kbit4", "--readers", readers.path, "--json", path],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    with open(path) as f:
+        doc = json.load(f)
+    assert doc["readers"] == readers.path
+    (row,) = [r for r in doc["rows"] if r["format"] == "kbit4"]
+    names = {config_name(c) for c in floor_configs(readers.sms)}
+    assert row["floor"]["by"] in names and row["floor"]["median_us"] > 0
+    assert row["pct_floor"] == pytest.approx(
+        100.0 * row["floor"]["median_us"] / row["kbit"]["median_us"])
