@@ -149,6 +149,8 @@ emulated-check: deps
 
 # On a GPU machine: build for sm_90, every test with the GPU on, compute-sanitizer on a
 # small case, the benchmark. Logs go to $(OUT) (default: $(BUILD)/gpu-check).
+# GPU_CHECK_STEPS="build pytest ..." runs some steps (names or patterns; the whole check
+# split over shorter calls), GPU_CHECK_DRY_RUN=1 lists them: bench/gpu_check.sh.
 OUT ?= $(BUILD)/gpu-check
 gpu-check:
 	bench/gpu_check.sh $(BUILD) $(OUT) $(BENCH_SIZES)

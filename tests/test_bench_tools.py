@@ -180,3 +180,37 @@ def test_gpu_readers(tmp_path):
     assert row["floor"]["by"] in names and row["floor"]["median_us"] > 0
     assert row["pct_floor"] == pytest.approx(
         100.0 * row["floor"]["median_us"] / row["kbit"]["median_us"])
+
+
+def _gpu_check(steps, dry=True):
+    env = {**os.environ, "GPU_CHECK_STEPS": steps}
+    env.pop("SANITIZERS", None)
+    if dry:
+        env["GPU_CHECK_DRY_RUN"] = "1"
+    return subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_check.sh"), "no-build"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+
+
+def test_gpu_check_steps():
+    # bench/gpu_check.sh's GPU_CHECK_STEPS: names and patterns choose steps in the check's
+    # order (the check split over calls), patterns are not file names (cwd holds bench/),
+    # and a word that matches no step is refused before anything runs
+    def steps(words):
+        out = _gpu_check(words)
+        assert out.returncode == 0, out.stderr
+        (line,) = [x for x in out.stdout.splitlines() if x.startswith("gpu-check steps:")]
+        return line.split(":", 1)[1].split()
+    every = steps("")
+    assert every[:3] == ["build", "ctest", "pytest"] and every[-1] == "read-floor"
+    assert len(every) == len(set(every)) == 14
+    assert steps("*") == every
+    assert steps("pytest build") == ["build", "pytest"]
+    assert steps("build sanitize-*") == ["build"] + [
+        f"sanitize-{t}" for t in ("memcheck", "racecheck", "initcheck", "synccheck")]
+    assert steps("bench* read-floor") == ["bench", "bench-matmul", "read-floor"]
+    for bad in ("build nosuch", "x*", "Pytest"):
+        out = _gpu_check(bad, dry=False)  # not a dry run: refused before any step
+        assert out.returncode == 2, (bad, out.stdout, out.stderr)
+        assert f"no step matches '{bad.split()[-1]}'" in out.stderr
+        assert "gpu-check steps" not in out.stdout and "==" not in out.stdout
+    assert not os.path.exists(os.path.join(ROOT, "no-build"))
