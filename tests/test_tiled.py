@@ -353,9 +353,10 @@ def launched(run, pattern):
 
 def streamed_gemv_kernels(run):
     """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
-    kernel that run() launches."""
-    return [tuple(int(v) for v in g) for g in
-            launched(run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)>")]
+    kernel that run() launches (a development build's further template argument, a bool,
+    aside)."""
+    return [tuple(int(v) for v in g) for g in launched(
+        run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)(?:, (?:true|false))?>")]
 
 
 def gemm90_kernels(run):

@@ -1,0 +1,141 @@
+"""The K = 2 halves decode of bench/pending/k2-halves.diff, checked on the CPU: one warp's
+unit of the tiled layout (csrc/formats/kbit_tiled.h) through the quad table, with the
+m16n8k16 fragment layout of mma.sync simulated lane by lane, against W x in float64
+(every m the decode takes, both row tiles' scales, random codebooks); and the committed
+decode (chunk_pairs' x + (x >> 12) and chunk_mma) through the same simulation, so that a
+wrong fragment model fails both. It also fails where the diff no longer writes the
+expressions simulated here. Usage: python3 bench/pending/k2_halves_check.py
+"""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXPRESSIONS = [  # what the diff writes, as simulated below
+    "min(kHalves ? g >> 1 : g, x_rows - 1)",       # lane (g, t): row g / 2 of x
+    "t * 16 + (kHalves ? 4 * (g & 1) : 0)",        # its pairs of parity g % 2
+    "lds_u32(xu + v * kChunk * 2 + 8)",            # b1: 4 elements on
+    "quads(w, 0), q1 = quads(w, 1), q2 = quads(w, 2), q3 = quads(w, 3)",
+    "{q0.x, q0.y, q1.x, q1.y}, b0, b1);  // row g",
+    "{q2.x, q2.y, q3.x, q3.y}, b0, b1);  // row g + 8",
+    "acc[0] = fmaf(sa, c[0] + c[3], acc[0]);",
+    "acc[2] = fmaf(sb, d[0] + d[3], acc[2]);",
+    "(g * kMaxM + (kHalves ? t : 2 * t)) * 4",      # column t of the tile sums
+    "m <= kHalvesMaxM",
+    "constexpr int kHalvesMaxM = 4;",
+]
+
+
+def check_diff():
+    with open(os.path.join(HERE, "k2-halves.diff")) as f:
+        added = "\n".join(l[1:] for l in f.read().splitlines() if l.startswith("+"))
+    missing = [e for e in EXPRESSIONS if e not in added]
+    assert not missing, f"the diff no longer writes {missing}"
+
+
+def pair_index(c0, c1):  # interleaved bits: bit 2j of code 0's bit j, 2j + 1 of code 1's
+    return (c0 & 1) | (c1 & 1) << 1 | (c0 >> 1 & 1) << 2 | (c1 >> 1 & 1) << 3
+
+
+def unit(rng):
+    """Random codes of a 16-row x 128-element unit and its 32 lanes' 4 words."""
+    codes = rng.integers(0, 4, size=(16, 128))
+    words = np.zeros((32, 4), dtype=np.uint64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for u in range(4):
+            for rh, r in enumerate((g, g + 8)):
+                for i in range(4):
+                    e = 32 * u + 8 * t + 2 * i
+                    f = (2 * u + rh) * 4 + i
+                    words[lane, f // 8] |= np.uint64(pair_index(codes[r, e], codes[r, e + 1])) << np.uint64(4 * (f % 8))
+    return codes, words.astype(np.uint32)
+
+
+def mma(a, b):
+    """m16n8k16 with each lane's fragments: a[lane] = 4 (lo, hi) pairs (a0..a3), b[lane] =
+    2 pairs (b0, b1); returns each lane's (c0, c1, c2, c3) in float64."""
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for reg, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[r, k:k + 2] = a[lane][reg]
+        for reg, k in enumerate((2 * t, 2 * t + 8)):
+            B[k:k + 2, g] = b[lane][reg]
+    C = A @ B
+    return [(C[l >> 2, 2 * (l & 3)], C[l >> 2, 2 * (l & 3) + 1], C[(l >> 2) + 8, 2 * (l & 3)],
+             C[(l >> 2) + 8, 2 * (l & 3) + 1]) for l in range(32)]
+
+
+def run(rng, m, halves):
+    book = rng.standard_normal(4)
+    entry = lambda p: (book[(p & 1) | (p >> 1 & 2)], book[(p >> 1 & 1) | (p >> 2 & 2)])
+    quad = lambda e: (entry(e & 15), entry(e >> 4))  # fill_quad_table's entry e
+    codes, words = unit(rng)
+    scales = rng.uniform(0.5, 2.0, size=(16, 4))  # rows x chunks
+    x = rng.standard_normal((m, 128))
+    acc = np.zeros((32, 4))
+    for v in range(4):
+        w = [int(words[l, v]) for l in range(32)]
+        byte = lambda l, b: w[l] >> (8 * b) & 0xFF
+        if halves:
+            b = []
+            for l in range(32):
+                g, t = l >> 2, l & 3
+                xr, e = x[min(g >> 1, m - 1), 32 * v:], 8 * t + 2 * (g & 1)
+                b.append((xr[e:e + 2], xr[e + 4:e + 6]))
+            q = [[quad(byte(l, i)) for i in range(4)] for l in range(32)]
+            c = mma([(q[l][0][0], q[l][0][1], q[l][1][0], q[l][1][1]) for l in range(32)], b)
+            d = mma([(q[l][2][0], q[l][2][1], q[l][3][0], q[l][3][1]) for l in range(32)], b)
+            for l in range(32):
+                g = l >> 2
+                acc[l, 0] += scales[g, v] * (c[l][0] + c[l][3])
+                acc[l, 2] += scales[g + 8, v] * (d[l][0] + d[l][3])
+        else:  # the committed decode: x + (x >> 12) of each nibble set, pairs (pa[i], pb[i])
+            pa, pb, xv = [], [], []
+            for l in range(32):
+                g, t = l >> 2, l & 3
+                lo, hi = w[l] & 0x0F0F0F0F, (w[l] >> 4) & 0x0F0F0F0F
+                zx, zy = (lo + (lo >> 12)) & 0xFFFFFFFF, (hi + (hi >> 12)) & 0xFFFFFFFF
+                qs = [quad((zy if i % 2 else zx) >> (8 * (i // 2)) & 0xFF) for i in range(4)]
+                pa.append([qq[0] for qq in qs])
+                pb.append([qq[1] for qq in qs])
+                xr = x[min(g, m - 1), 32 * v + 8 * t:]
+                xv.append([xr[2 * j:2 * j + 2] for j in range(4)])
+            c = np.zeros((32, 4))
+            for half in range(2):
+                cc = mma([(pa[l][2 * half], pb[l][2 * half], pa[l][2 * half + 1], pb[l][2 * half + 1])
+                          for l in range(32)], [(xv[l][2 * half], xv[l][2 * half + 1]) for l in range(32)])
+                c += np.array(cc)
+            for l in range(32):
+                g = l >> 2
+                acc[l] += [scales[g, v] * c[l][0], scales[g, v] * c[l][1],
+                           scales[g + 8, v] * c[l][2], scales[g + 8, v] * c[l][3]]
+    y = np.full((16, m), np.nan)
+    for l in range(32):
+        g, t = l >> 2, l & 3
+        cols = [(t, 0, 2)] if halves else [(2 * t, 0, 2), (2 * t + 1, 1, 3)]
+        for col, ig, ig8 in cols:
+            if col < m:
+                y[g, col], y[g + 8, col] = acc[l, ig], acc[l, ig8]
+    wref = book[codes] * np.repeat(scales, 32, axis=1)
+    ref = wref @ x.T
+    err = np.abs(y - ref).max() / np.abs(ref).max()
+    assert err < 1e-12, f"m={m} halves={halves}: error {err}"
+
+
+def main():
+    check_diff()
+    rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    for _ in range(3):
+        for m in range(1, 9):
+            run(rng, m, halves=False)
+        for m in range(1, 5):
+            run(rng, m, halves=True)
+    print("k2 halves check passed: the halves decode (m = 1..4) and the committed one "
+          "(m = 1..8) equal W x through the simulated mma fragments")
+
+
+if __name__ == "__main__":
+    main()
