@@ -353,8 +353,8 @@ def launched(run, pattern):
 
 def streamed_gemv_kernels(run):
     """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
-    kernel that run() launches (a development build's further template argument, a bool,
-    aside)."""
+    kernel that run() launches (the further bool argument of a build with
+    bench/pending/k2-halves.diff aside)."""
     return [tuple(int(v) for v in g) for g in launched(
         run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)(?:, (?:true|false))?>")]
 
@@ -403,6 +403,37 @@ def test_gpu_streamed_k2_kernels():
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gpu_streamed_k2_quads_small_m(fmt):
+    """K = 2's quad-table kernels at m = 1..4 with every absmax format, fp16 and bf16 x:
+    4400x16384 (275 row tiles, two or three a CTA on 132 SMs, a CTA's odd last tile alone;
+    8 stages a tile, 24 a CTA: the quad table; x copied with each stage), with a bias,
+    against x times the dequantized W in float32 (plus the bias). On sm_90 with up to 132
+    SMs the kernel launched is checked to be a K = 2 quad-table one."""
+    import torch
+    sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
+    gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
+    n_out, k_in = 4400, 16384
+    w = torch.randn(n_out, k_in, device="cuda", generator=gen)
+    q = kbit.quantize(w, k=2, absmax=fmt)
+    del w
+    w32 = kbit.dequantize(q, dtype="float32")
+    t = kbit.tile(q)
+    for m in (1, 2, 3, 4):
+        dtype = torch.float16 if m % 2 else torch.bfloat16
+        x = torch.randn(m, k_in, device="cuda", generator=gen).to(dtype)
+        bias = torch.randn(n_out, device="cuda", generator=gen).to(dtype)
+        y = kbit.matmul(x, t, bias).float()
+        ref = x.float() @ w32.T + bias.float()
+        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+        tol = TOL["float16" if dtype == torch.float16 else "bfloat16"]
+        assert err <= tol, f"{fmt} m={m}: relative error {err:.3g}"
+        if sm90:
+            ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
+            assert len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)), f"{fmt} m={m}: ran {ran}"
 
 
 @requires_gpu

@@ -1,10 +1,13 @@
 """The K = 2 halves decode of bench/pending/k2-halves.diff, checked on the CPU: one warp's
-unit of the tiled layout (csrc/formats/kbit_tiled.h) through the quad table, with the
-m16n8k16 fragment layout of mma.sync simulated lane by lane, against W x in float64
-(every m the decode takes, both row tiles' scales, random codebooks); and the committed
-decode (chunk_pairs' x + (x >> 12) and chunk_mma) through the same simulation, so that a
-wrong fragment model fails both. It also fails where the diff no longer writes the
-expressions simulated here. Usage: python3 bench/pending/k2_halves_check.py
+unit of the tiled layout (csrc/formats/kbit_tiled.h) through the quad table, laid out in
+a simulated shared memory as fill_quad_table writes it and addressed as QuadTable does
+(16 and 32 copies), with the m16n8k16 fragment layout of mma.sync simulated lane by lane,
+the tile sums written as TileSums::put places them (columns never written hold NaN) and
+read back as the reducer does, against W x in float64 (every m the decode takes, the rows'
+scales, random codebooks); and the committed decode (chunk_pairs' x + (x >> 12) and
+chunk_mma) through the same simulation, so that a wrong model fails both. It also fails
+where the diff no longer writes the expressions simulated here.
+Usage: python3 bench/pending/k2_halves_check.py [SEED]
 """
 import os
 import sys
@@ -17,8 +20,10 @@ EXPRESSIONS = [  # what the diff writes, as simulated below
     "t * 16 + (kHalves ? 4 * (g & 1) : 0)",        # its pairs of parity g % 2
     "lds_u32(xu + v * kChunk * 2 + 8)",            # b1: 4 elements on
     "quads(w, 0), q1 = quads(w, 1), q2 = quads(w, 2), q3 = quads(w, 3)",
-    "{q0.x, q0.y, q1.x, q1.y}, b0, b1);  // row g",
-    "{q2.x, q2.y, q3.x, q3.y}, b0, b1);  // row g + 8",
+    "ag[0] = q0.x, ag[1] = q0.y, ag[2] = q1.x, ag[3] = q1.y;",      # row g's A
+    "ag8[0] = q2.x, ag8[1] = q2.y, ag8[2] = q3.x, ag8[3] = q3.y;",  # row g + 8's
+    "mma_16816(T{}, c, ag, xb.x, xb.y);   // row g",
+    "mma_16816(T{}, d, ag8, xb.x, xb.y);  // row g + 8",
     "acc[0] = fmaf(sa, c[0] + c[3], acc[0]);",
     "acc[2] = fmaf(sb, d[0] + d[3], acc[2]);",
     "(g * kMaxM + (kHalves ? t : 2 * t)) * 4",      # column t of the tile sums
@@ -68,24 +73,46 @@ def mma(a, b):
              C[(l >> 2) + 8, 2 * (l & 3) + 1]) for l in range(32)]
 
 
-def run(rng, m, halves):
+def quad_table(entry, copies):
+    """fill_quad_table's shared memory: word address -> value; entry e's row of copies
+    uint4 (lo, hi, lo, hi) at byte 8 copies e."""
+    smem = {}
+    for e in range(256):
+        lo, hi = entry(e & 15), entry(e >> 4)
+        for c in range(copies // 2):
+            a = 8 * copies * e + 16 * c
+            smem[a], smem[a + 4], smem[a + 8], smem[a + 12] = lo, hi, lo, hi
+    return smem
+
+
+def quad_load(smem, copies, w, b, lane):
+    """QuadTable<copies>(w, b) in lane `lane`: the 8 bytes at the entry of byte b of w."""
+    if copies == 32:  # ByteRows<8>::at: __byte_perm(w, 8 lane, 0x7604 | b << 4)
+        src = list(w.to_bytes(4, "little")) + list((8 * lane).to_bytes(4, "little"))
+        addr = int.from_bytes(bytes(src[i] for i in (4, b, 6, 7)), "little")
+    else:
+        v = (w << 7) & 0xFFFFFFFF if b == 0 else w >> (8 * b - 7)
+        addr = (v & 0x7F80) | (8 * (lane % 16))  # lop3<0xEA>(v, 0x7F80, lane)
+    return smem[addr], smem[addr + 4]
+
+
+def run(rng, m, halves, copies):
     book = rng.standard_normal(4)
     entry = lambda p: (book[(p & 1) | (p >> 1 & 2)], book[(p >> 1 & 1) | (p >> 2 & 2)])
-    quad = lambda e: (entry(e & 15), entry(e >> 4))  # fill_quad_table's entry e
+    smem = quad_table(entry, copies)
     codes, words = unit(rng)
     scales = rng.uniform(0.5, 2.0, size=(16, 4))  # rows x chunks
     x = rng.standard_normal((m, 128))
     acc = np.zeros((32, 4))
     for v in range(4):
         w = [int(words[l, v]) for l in range(32)]
-        byte = lambda l, b: w[l] >> (8 * b) & 0xFF
         if halves:
             b = []
             for l in range(32):
                 g, t = l >> 2, l & 3
                 xr, e = x[min(g >> 1, m - 1), 32 * v:], 8 * t + 2 * (g & 1)
                 b.append((xr[e:e + 2], xr[e + 4:e + 6]))
-            q = [[quad(byte(l, i)) for i in range(4)] for l in range(32)]
+            q = [[quad_load(smem, copies, w[l], i, l) for i in range(4)] for l in range(32)]
             c = mma([(q[l][0][0], q[l][0][1], q[l][1][0], q[l][1][1]) for l in range(32)], b)
             d = mma([(q[l][2][0], q[l][2][1], q[l][3][0], q[l][3][1]) for l in range(32)], b)
             for l in range(32):
@@ -98,7 +125,7 @@ def run(rng, m, halves):
                 g, t = l >> 2, l & 3
                 lo, hi = w[l] & 0x0F0F0F0F, (w[l] >> 4) & 0x0F0F0F0F
                 zx, zy = (lo + (lo >> 12)) & 0xFFFFFFFF, (hi + (hi >> 12)) & 0xFFFFFFFF
-                qs = [quad((zy if i % 2 else zx) >> (8 * (i // 2)) & 0xFF) for i in range(4)]
+                qs = [quad_load(smem, copies, zy if i % 2 else zx, i // 2, l) for i in range(4)]
                 pa.append([qq[0] for qq in qs])
                 pb.append([qq[1] for qq in qs])
                 xr = x[min(g, m - 1), 32 * v + 8 * t:]
@@ -112,29 +139,35 @@ def run(rng, m, halves):
                 g = l >> 2
                 acc[l] += [scales[g, v] * c[l][0], scales[g, v] * c[l][1],
                            scales[g + 8, v] * c[l][2], scales[g + 8, v] * c[l][3]]
-    y = np.full((16, m), np.nan)
+    sums = np.full(16 * 8, np.nan)  # TileSums::put: one warp's 16 x 8 floats
     for l in range(32):
         g, t = l >> 2, l & 3
         cols = [(t, 0, 2)] if halves else [(2 * t, 0, 2), (2 * t + 1, 1, 3)]
         for col, ig, ig8 in cols:
-            if col < m:
-                y[g, col], y[g + 8, col] = acc[l, ig], acc[l, ig8]
+            sums[g * 8 + col], sums[(g + 8) * 8 + col] = acc[l, ig], acc[l, ig8]
+    y = np.full((16, m), np.nan)  # the reducer: lane l, outputs 4 l .. 4 l + 3, columns < m
+    for l in range(32):
+        for k in range(4):
+            if (l & 1) * 4 + k < m:
+                y[l // 2, (l & 1) * 4 + k] = sums[4 * l + k]
     wref = book[codes] * np.repeat(scales, 32, axis=1)
     ref = wref @ x.T
     err = np.abs(y - ref).max() / np.abs(ref).max()
-    assert err < 1e-12, f"m={m} halves={halves}: error {err}"
+    assert err < 1e-12, f"m={m} halves={halves} copies={copies}: error {err}"
 
 
 def main():
     check_diff()
     rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-    for _ in range(3):
-        for m in range(1, 9):
-            run(rng, m, halves=False)
-        for m in range(1, 5):
-            run(rng, m, halves=True)
+    for copies in (16, 32):
+        for _ in range(2):
+            for m in range(1, 9):
+                run(rng, m, halves=False, copies=copies)
+            for m in range(1, 5):
+                run(rng, m, halves=True, copies=copies)
     print("k2 halves check passed: the halves decode (m = 1..4) and the committed one "
-          "(m = 1..8) equal W x through the simulated mma fragments")
+          "(m = 1..8) equal W x through the simulated quad tables (16 and 32 copies), mma "
+          "fragments and tile sums")
 
 
 if __name__ == "__main__":
