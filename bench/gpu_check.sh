@@ -18,22 +18,21 @@ for tool in $SANITIZERS; do ALL+=("sanitize-$tool"); done
 ALL+=(emulated demo bench bench-matmul read-floor)
 # shellcheck disable=SC2053  # $2 is a pattern on purpose
 matches() { [[ $1 == $2 ]]; }
+declare -A picked=()
 set -f  # the patterns as words, not file names
-chosen=()
-for name in "${ALL[@]}"; do
-    for pattern in ${GPU_CHECK_STEPS:-*}; do
-        if matches "$name" "$pattern"; then chosen+=("$name"); break; fi
-    done
-done
 for pattern in ${GPU_CHECK_STEPS:-*}; do
     matched=0
-    for name in "${ALL[@]}"; do matches "$name" "$pattern" && matched=1; done
+    for name in "${ALL[@]}"; do
+        if matches "$name" "$pattern"; then picked[$name]=1 matched=1; fi
+    done
     if [ $matched = 0 ]; then
         echo "gpu-check: GPU_CHECK_STEPS: no step matches '$pattern' (steps: ${ALL[*]})" >&2
         exit 2
     fi
 done
 set +f
+chosen=()  # in the check's order
+for name in "${ALL[@]}"; do [ -n "${picked[$name]:-}" ] && chosen+=("$name"); done
 echo "gpu-check steps: ${chosen[*]}"
 if [ -n "${GPU_CHECK_DRY_RUN:-}" ]; then exit 0; fi
 mkdir -p "$OUT"
@@ -45,7 +44,7 @@ fi
 failed=()
 step() {  # step NAME COMMAND...: runs COMMAND, logs to $OUT/NAME.log
     local name=$1; shift
-    [[ " ${chosen[*]} " == *" $name "* ]] || return 0
+    [ -n "${picked[$name]:-}" ] || return 0
     echo "== $name: $*"
     local start=$SECONDS
     if ! "$@" > "$OUT/$name.log" 2>&1; then failed+=("$name"); echo "   FAILED (see $OUT/$name.log)"; fi

@@ -129,26 +129,17 @@ def test_gpu_readers(tmp_path):
     # ReaderError, and bench_matmul's %floor column comes from them
     import torch
     sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from bench_matmul import Timer
     from readers import ReaderError, Readers, config_name, floor_configs, reader_configs
     try:
         readers = Readers(torch)
     except FileNotFoundError as e:
         pytest.skip(f"the read floor's readers are not built: {e}")
-
-    class Timer:  # one untimed call, then one timed by events
-        def measure(self, fn):
-            fn()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            return {"median_us": start.elapsed_time(stop) * 1e3}
-
     buf = torch.ones((3 << 20) + 56, dtype=torch.uint8, device="cuda")  # not a whole stage
     configs = reader_configs(readers.sms)
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    got = readers.floor(Timer(), buf.data_ptr(), buf.numel(), configs)
+    got = readers.floor(Timer(torch, repeats=3, budget_s=0.05), buf.data_ptr(), buf.numel(),
+                        configs)
     assert "error" not in got, got
     assert set(got["readers"]) == {config_name(c) for c in configs}
     for c in configs:
@@ -182,13 +173,14 @@ def test_gpu_readers(tmp_path):
         100.0 * row["floor"]["median_us"] / row["kbit"]["median_us"])
 
 
-def _gpu_check(steps, dry=True):
+def _gpu_check(steps, dry=True, *args):
     env = {**os.environ, "GPU_CHECK_STEPS": steps}
     env.pop("SANITIZERS", None)
     if dry:
         env["GPU_CHECK_DRY_RUN"] = "1"
-    return subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_check.sh"), "no-build"],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    return subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_check.sh"),
+                           *(args or ("no-build",))],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
 
 def test_gpu_check_steps():
@@ -214,3 +206,14 @@ def test_gpu_check_steps():
         assert f"no step matches '{bad.split()[-1]}'" in out.stderr
         assert "gpu-check steps" not in out.stdout and "==" not in out.stdout
     assert not os.path.exists(os.path.join(ROOT, "no-build"))
+
+
+def test_gpu_check_runs_only_its_steps(tmp_path):
+    # a real (not dry) run of one step: that step runs, and only it (read_floor.py, on a
+    # build with no readers: a failed step, reported as such)
+    build, out_dir = str(tmp_path / "build"), str(tmp_path / "out")
+    out = _gpu_check("read-floor", False, build, out_dir)
+    started = [x.split(":")[0] for x in out.stdout.splitlines() if x.startswith("== ")]
+    assert started == ["== read-floor"], out.stdout
+    assert out.returncode == 1 and "gpu-check FAILED: read-floor" in out.stdout
+    assert sorted(os.listdir(out_dir)) == ["device.txt", "read-floor.log"]

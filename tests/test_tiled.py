@@ -367,6 +367,26 @@ def gemm90_kernels(run):
         run, r"(tiled|gguf)_gemm90_kernel<.*?, (\d+)(?:, (\d+))?, (true|false)>")]
 
 
+def k2_on_gpu(gen, n_out, k_in, absmax="e4m4"):
+    """A random K = 2 weight made on the GPU: its tiled form and W dequantized to float32."""
+    import torch
+    w = torch.randn(n_out, k_in, device="cuda", generator=gen)
+    q = kbit.quantize(w, k=2, absmax=absmax)
+    del w
+    return kbit.tile(q), kbit.dequantize(q, dtype="float32")
+
+
+def check_on_gpu(t, w32, x, bias, what):
+    """kbit.matmul(x, t, bias) against x times w32 in float32 (plus the bias), within x's
+    dtype's tolerance."""
+    import torch
+    y = kbit.matmul(x, t, bias).float()
+    ref = x.float() @ w32.T + (0 if bias is None else bias.float())
+    err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
+    tol = TOL["float16" if x.dtype == torch.float16 else "bfloat16"]
+    assert err <= tol, f"{what}: relative error {err:.3g}"
+
+
 @requires_gpu
 def test_gpu_streamed_k2_kernels():
     """K = 2's streamed kernels: the quad table beside x held for the whole kernel:
@@ -388,18 +408,11 @@ def test_gpu_streamed_k2_kernels():
                                     (17024, 8192, (8,), (2, 16, 1, 1)),
                                     (6400, 4128, (1,), (2, 0, 1, 2)),
                                     (4400, 4128, (3,), (2, 0, 1, 2))):
-        w = torch.randn(n_out, k_in, device="cuda", generator=gen)
-        q = kbit.quantize(w, k=2)
-        del w
-        w32 = kbit.dequantize(q, dtype="float32")
-        t = kbit.tile(q)
+        t, w32 = k2_on_gpu(gen, n_out, k_in)
         bias = torch.randn(n_out, device="cuda", generator=gen).half() if k_in % 128 else None
         for m in ms:
             x = torch.randn(m, k_in, device="cuda", generator=gen).half()
-            y = kbit.matmul(x, t, bias).float()
-            ref = x.float() @ w32.T + (0 if bias is None else bias.float())
-            err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
-            assert err <= TOL["float16"], f"{n_out}x{k_in} m={m}: relative error {err:.3g}"
+            check_on_gpu(t, w32, x, bias, f"{n_out}x{k_in} m={m}")
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
@@ -417,20 +430,12 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
     sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
     n_out, k_in = 4400, 16384
-    w = torch.randn(n_out, k_in, device="cuda", generator=gen)
-    q = kbit.quantize(w, k=2, absmax=fmt)
-    del w
-    w32 = kbit.dequantize(q, dtype="float32")
-    t = kbit.tile(q)
+    t, w32 = k2_on_gpu(gen, n_out, k_in, fmt)
     for m in (1, 2, 3, 4):
         dtype = torch.float16 if m % 2 else torch.bfloat16
         x = torch.randn(m, k_in, device="cuda", generator=gen).to(dtype)
         bias = torch.randn(n_out, device="cuda", generator=gen).to(dtype)
-        y = kbit.matmul(x, t, bias).float()
-        ref = x.float() @ w32.T + bias.float()
-        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
-        tol = TOL["float16" if dtype == torch.float16 else "bfloat16"]
-        assert err <= tol, f"{fmt} m={m}: relative error {err:.3g}"
+        check_on_gpu(t, w32, x, bias, f"{fmt} m={m}")
         if sm90:
             ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
             assert len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)), f"{fmt} m={m}: ran {ran}"
