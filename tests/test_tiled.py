@@ -353,10 +353,15 @@ def launched(run, pattern):
 
 def streamed_gemv_kernels(run):
     """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
-    kernel that run() launches (the further bool argument of a build with
-    bench/pending/k2-halves.diff aside)."""
+    kernel that run() launches (its halves decode aside: streamed_gemv_halves)."""
     return [tuple(int(v) for v in g) for g in launched(
-        run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+)(?:, (?:true|false))?>")]
+        run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+), (?:true|false)>")]
+
+
+def streamed_gemv_halves(run):
+    """Whether each streamed tiled GEMV kernel that run() launches takes K = 2's halves
+    decode (its last template argument)."""
+    return [g[0] == "true" for g in launched(run, r"gemv_tiled_kernel<[^<>]*, (true|false)>")]
 
 
 def gemm90_kernels(run):
@@ -416,6 +421,9 @@ def test_gpu_streamed_k2_kernels():
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
+                # the halves decode: the quad table, two row tiles a stage, E4M4, m <= 4
+                halves = kernel[1] > 0 and kernel[3] == 2 and m <= 4
+                assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
 
 
 @requires_gpu
@@ -425,7 +433,8 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
     4400x16384 (275 row tiles, two or three a CTA on 132 SMs, a CTA's odd last tile alone;
     8 stages a tile, 24 a CTA: the quad table; x copied with each stage), with a bias,
     against x times the dequantized W in float32 (plus the bias). On sm_90 with up to 132
-    SMs the kernel launched is checked to be a K = 2 quad-table one."""
+    SMs the kernel launched is checked to be a K = 2 quad-table one, with the halves
+    decode where it has E4M4 scales and two row tiles a stage."""
     import torch
     sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
@@ -439,6 +448,8 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
         if sm90:
             ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
             assert len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)), f"{fmt} m={m}: ran {ran}"
+            halves = fmt == "e4m4" and ran[0][3] == 2
+            assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
 
 
 @requires_gpu

@@ -822,6 +822,19 @@ __device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v,
     }
 }
 
+// A K = 2 tiled lane's word as two rows' A fragments through the quad table, its bytes
+// as stored (the halves decode, chunk_mma_halves in gemv.cu): byte b holds row g's
+// (b < 2) or row g + 8's pairs 2 (b & 1) and 2 (b & 1) + 1, one load each; ag row g's
+// pairs 0..3, ag8 row g + 8's. No nibble shuffles: a load and a byte permute for four
+// weights.
+template <int kCopies>
+__device__ __forceinline__ void quad_rows(uint32_t w, const QuadTable<kCopies> &quads,
+                                          uint32_t (&ag)[4], uint32_t (&ag8)[4]) {
+    const uint2 q0 = quads(w, 0), q1 = quads(w, 1), q2 = quads(w, 2), q3 = quads(w, 3);
+    ag[0] = q0.x, ag[1] = q0.y, ag[2] = q1.x, ag[3] = q1.y;
+    ag8[0] = q2.x, ag8[1] = q2.y, ag8[2] = q3.x, ag8[3] = q3.y;
+}
+
 template <class Dec, int kCopies = table_copies<Dec::kEntries>()>
 constexpr int table_bytes() { return 4 * Dec::kEntries * kCopies; }
 

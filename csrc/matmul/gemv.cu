@@ -72,6 +72,25 @@ __device__ __forceinline__ void chunk_mma(const uint32_t (&pa)[4], const uint32_
     acc[3] = fmaf(sb, c[3], acc[3]);
 }
 
+// K = 2 at m <= kHalvesMaxM ("halves", on the quad table: quad_rows): an mma step takes
+// one row's four pairs of a chunk as its A, so its two rows of C hold that row's even and
+// odd pairs of k. B holds each row j of x twice, the elements of the even pairs in column
+// 2j and of the odd ones in 2j + 1 (lane (g, t): row g / 2 of x, the pairs of parity
+// g % 2, xb its two 4-byte loads at elements 8t + 2 (g % 2) and 8t + 4 + 2 (g % 2)), and
+// C(g, 2j) + C(g + 8, 2j + 1) is the row's sum against x row j, held by lane (g, t = j).
+// Rows g and g + 8 take an mma step each, into sums of their own: acc[0] row g, acc[2]
+// row g + 8, column t (acc[1], acc[3] unused).
+constexpr int kHalvesMaxM = 4;
+template <class T>
+__device__ __forceinline__ void chunk_mma_halves(const uint32_t (&ag)[4], const uint32_t (&ag8)[4],
+                                                 uint2 xb, float sa, float sb, float (&acc)[4]) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816(T{}, c, ag, xb.x, xb.y);   // row g
+    mma_16816(T{}, d, ag8, xb.x, xb.y);  // row g + 8
+    acc[0] = fmaf(sa, c[0] + c[3], acc[0]);
+    acc[2] = fmaf(sb, d[0] + d[3], acc[2]);
+}
+
 // The partial sums of the CTA's kWarps warps of a 16 x 8 tile, added in a fixed order;
 // bias, one rounding, y. acc: lane (g, t)'s C fragment (rows g, g+8; columns 2t, 2t+1).
 // Before its next call, the CTA must meet again (its shared partial sums are reused).
@@ -583,19 +602,27 @@ constexpr int kTiledStreamSmem = 225 * 1024;
 template <int kTiles = 1>
 struct TileSums {
     uint32_t at, full, empty;  // the buffer's shared address and barriers
-    // A consumer lane's fragments (rows g, g + 8; columns 2t, 2t + 1) of the j-th group of
-    // kTiles row tiles of its CTA (n of them), once the reducer has read group j - 1's.
+    // A consumer lane's fragments (rows g, g + 8; columns 2t, 2t + 1, or with kHalves
+    // column t: v[u][0] and v[u][2]) of the j-th group of kTiles row tiles of its CTA (n of
+    // them), once the reducer has read group j - 1's. (kHalves never writes columns 4..7:
+    // the reducer adds what they hold but stores only the columns below m <= 4.)
+    template <bool kHalves = false>
     __device__ __forceinline__ void put(int64_t j, int warp, int g, int t,
                                         const float (&v)[kTiles][4], int n) const {
         if (j >= 1) mbar_wait(empty, static_cast<uint32_t>((j - 1) & 1));
 #pragma unroll
         for (int u = 0; u < kTiles; ++u) {
             if (u >= n) break;
-            const uint32_t w =
-                at + u * kTileSumsBytes + warp * kTileSumBytes + (g * kMaxM + 2 * t) * 4;
-            sts_u32x2(w, __float_as_uint(v[u][0]), __float_as_uint(v[u][1]));  // row g
-            sts_u32x2(w + 8 * kMaxM * 4, __float_as_uint(v[u][2]),
-                      __float_as_uint(v[u][3]));  // row g + 8
+            const uint32_t w = at + u * kTileSumsBytes + warp * kTileSumBytes +
+                               (g * kMaxM + (kHalves ? t : 2 * t)) * 4;
+            if constexpr (kHalves) {
+                sts_u32(w, __float_as_uint(v[u][0]));                   // row g
+                sts_u32(w + 8 * kMaxM * 4, __float_as_uint(v[u][2]));  // row g + 8
+            } else {
+                sts_u32x2(w, __float_as_uint(v[u][0]), __float_as_uint(v[u][1]));  // row g
+                sts_u32x2(w + 8 * kMaxM * 4, __float_as_uint(v[u][2]),
+                          __float_as_uint(v[u][3]));  // row g + 8
+            }
         }
         mbar_arrive(full);
     }
@@ -658,8 +685,11 @@ __device__ __forceinline__ void consume_stages(const StreamWalk &walk, int group
 
 // Up to 8 rows of x (one n8 tile). kTiles > 1 (with kPerWarp 1): a stage
 // holds the same groups of kTiles consecutive row tiles, and a warp's units are one group
-// of each, which share its x loads.
-template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp, int kTiles = 1>
+// of each, which share its x loads. kHalves: K = 2's quad table with the halves decode
+// (chunk_mma_halves), only for m <= kHalvesMaxM (the launcher's to ensure: larger m would
+// be summed wrong).
+template <class T, int K, kbit_absmax_format FMT, int kQuads, int kPerWarp, int kTiles = 1,
+          bool kHalves = false>
 __global__ void __launch_bounds__(kTiledStreamThreads, 1)
 gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict__ absmax,
                   float ts, const float *__restrict__ codebook,
@@ -671,6 +701,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #else
     static_assert(!kQuads || K == 2, "the quad table is K = 2's");
     static_assert(kTiles == 1 || kPerWarp == 1, "a warp's units: one tile's or kTiles'");
+    static_assert(!kHalves || kQuads > 0, "halves: K = 2's quad table");
     using Dec = KbitStaged<T, K, FMT>;  // its pair entries
     using St = StreamStage<K, FMT, kPerWarp, kTiles>;
     constexpr int kSB = St::kSB, kUnits = kStreamWarps * kPerWarp;  // kUnits: groups a stage
@@ -767,10 +798,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
     const uint32_t sc_at =
         opaque(ring_at + St::kScales + warp * St::kUnitS + g * tiled::kGroupChunks * kSB);
     // x: the stage's copy (at + x_at), or the resident rows (x_at + the stage's k); lanes
-    // past x's rows read its last row (their sums are never stored)
-    const int xg = min(g, x_rows - 1);
+    // past x's rows read its last row (their sums are never stored). kHalves: row g / 2,
+    // from its pairs of parity g % 2
+    const int xg = min(kHalves ? g >> 1 : g, x_rows - 1);
     const uint32_t x_at = opaque((rx.on() ? rx.row_at(xg) : ring_at + St::kX + xg * St::kXRow) +
-                                 warp * St::kXUnit + t * 16);
+                                 warp * St::kXUnit + t * 16 + (kHalves ? 4 * (g & 1) : 0));
     // The scales of a unit's chunks, a row: kUnitChunks of kSB bytes in one to four words.
     constexpr int kScaleBytes = kSB * kUnitChunks, kScaleWords = kScaleBytes > 4 ? kScaleBytes / 4 : 1;
     auto load_scales = [&](uint32_t at, uint32_t (&s)[kScaleWords]) {
@@ -787,6 +819,19 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         }
     };
 
+    // (kHalves) chunk v's x at xu: the lane's two 4-byte loads; a word's chunk decoded and
+    // multiplied
+    [[maybe_unused]] auto x_halves = [&](uint32_t xu, int v) {
+        return make_uint2(lds_u32(xu + v * kChunk * 2), lds_u32(xu + v * kChunk * 2 + 8));
+    };
+    [[maybe_unused]] auto halves = [&](uint32_t word, uint2 xb, float fa, float fb,
+                                        float (&sums)[4]) {
+        if constexpr (kHalves) {
+            uint32_t ag[4], ag8[4];
+            quad_rows(word, my_table, ag, ag8);
+            chunk_mma_halves<T>(ag, ag8, xb, fa, fb, sums);
+        }
+    };
     Sums<kTiles> acc;         // row tile u of the group: acc.v[u]
     int nt = walk.group_tiles<kTiles>(0);  // row tiles of the current group
     // Chunk v of the warp's units: N row tiles' segments w, scales sa / sb (rows g, g + 8),
@@ -795,12 +840,19 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                      const uint32_t (&sa)[kTiles][kScaleWords],
                      const uint32_t (&sb)[kTiles][kScaleWords], uint32_t xu) {
         constexpr int N = decltype(tiles)::value;
-        const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+        if constexpr (kHalves) {
+            const uint2 xb = x_halves(xu, v);
 #pragma unroll
-        for (int u = 0; u < N; ++u) {
-            uint32_t pa[4], pb[4];
-            chunk_pairs<K>(w[u], v, my_table, pa, pb);
-            chunk_mma<T>(pa, pb, xv, scale(sa[u], v), scale(sb[u], v), acc.v[u]);
+            for (int u = 0; u < N; ++u)
+                halves(w[u][v], xb, scale(sa[u], v), scale(sb[u], v), acc.v[u]);
+        } else {
+            const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+#pragma unroll
+            for (int u = 0; u < N; ++u) {
+                uint32_t pa[4], pb[4];
+                chunk_pairs<K>(w[u], v, my_table, pa, pb);
+                chunk_mma<T>(pa, pb, xv, scale(sa[u], v), scale(sb[u], v), acc.v[u]);
+            }
         }
     };
     // (kTiles > 1) The warp's units of the stage at `at`: group `unit` of the group's first
@@ -854,11 +906,15 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
                     const uint32_t xu = (rx.on() ? x_at + g0 * St::kXUnit : x_at + at) +
                                         u * kStreamWarps * St::kXUnit;
                     auto one = [&](int v) {  // chunk v of the unit
-                        uint32_t pa[4], pb[4];
-                        chunk_pairs<K>(w, v, my_table, pa, pb);
-                        const float fa = scale(sa, v), fb = scale(sb, v);
-                        const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
-                        chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
+                        if constexpr (kHalves) {
+                            halves(w[v], x_halves(xu, v), scale(sa, v), scale(sb, v), acc.v[0]);
+                        } else {
+                            uint32_t pa[4], pb[4];
+                            chunk_pairs<K>(w, v, my_table, pa, pb);
+                            const float fa = scale(sa, v), fb = scale(sb, v);
+                            const uint4 xv = lds_u32x4(xu + v * kChunk * 2);
+                            chunk_mma<T>(pa, pb, xv, fa, fb, acc.v[0]);
+                        }
                     };
                     if (left >= kUnitChunks) {  // every unit but a row's last: no per-chunk branch
 #pragma unroll
@@ -876,7 +932,7 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         for (int u = 0; u < kTiles; ++u)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc.v[u][i] *= scale.out;
-        sums.put(j, warp, g, t, acc.v, nt);
+        sums.template put<kHalves>(j, warp, g, t, acc.v, nt);
         acc = Sums<kTiles>{};
         nt = walk.group_tiles<kTiles>(j + 1);
     });
@@ -1494,10 +1550,15 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                 l = one;
                         }
                     }
-                    auto streamed = [&](auto q, auto per_warp, auto tiles) {
+                    // K = 2 at m <= kHalvesMaxM on the quad table, E4M4 scales and two row
+                    // tiles a stage: the halves decode (5-8% faster there; with fp16 scales
+                    // 3-12% slower: bench/RESULTS.md, session 39)
+                    const bool halves = K == 2 && quads > 0 && m <= kHalvesMaxM;
+                    auto streamed = [&](auto q, auto per_warp, auto tiles, auto h) {
                         constexpr auto kernel =
                             gemv_tiled_kernel<T, K, F, decltype(q)::value,
-                                              decltype(per_warp)::value, decltype(tiles)::value>;
+                                              decltype(per_warp)::value, decltype(tiles)::value,
+                                              decltype(h)::value>;
                         err = allow_smem<kernel>(kTiledStreamSmem);
                         if (err != cudaSuccess) return;
                         kernel<<<l.ctas, kTiledStreamThreads, l.smem(), stream>>>(
@@ -1511,11 +1572,18 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                     auto per_warp = [&](auto q) {
                         using One = std::integral_constant<int, 1>;
                         using Two = std::integral_constant<int, 2>;
+                        constexpr int kQ = decltype(q)::value;
+                        auto go = [&](auto pw, auto tl) {  // (the halves decode: see above)
+                            if constexpr (K == 2 && kQ > 0 && F == KBIT_ABSMAX_E4M4 &&
+                                          decltype(tl)::value == 2)
+                                if (halves) return streamed(q, pw, tl, std::true_type{});
+                            streamed(q, pw, tl, std::false_type{});
+                        };
                         if constexpr (K <= 3) {
-                            if (across) return streamed(q, One{}, Two{});
-                            if (pairs) return streamed(q, Two{}, One{});
+                            if (across) return go(One{}, Two{});
+                            if (pairs) return go(Two{}, One{});
                         }
-                        streamed(q, One{}, One{});
+                        go(One{}, One{});
                     };
                     if (l.ring >= 2) {
                         if constexpr (K == 2) {
