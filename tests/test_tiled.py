@@ -421,8 +421,7 @@ def test_gpu_streamed_k2_kernels():
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
-                # the halves decode: the quad table, two row tiles a stage, E4M4, m <= 4
-                halves = kernel[1] > 0 and kernel[3] == 2 and m <= 4
+                halves = kernel[1] > 0 and m <= 4  # (E4M4 scales) the halves decode
                 assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
 
 
@@ -431,25 +430,30 @@ def test_gpu_streamed_k2_kernels():
 def test_gpu_streamed_k2_quads_small_m(fmt):
     """K = 2's quad-table kernels at m = 1..4 with every absmax format, fp16 and bf16 x:
     4400x16384 (275 row tiles, two or three a CTA on 132 SMs, a CTA's odd last tile alone;
-    8 stages a tile, 24 a CTA: the quad table; x copied with each stage), with a bias,
-    against x times the dequantized W in float32 (plus the bias). On sm_90 with up to 132
-    SMs the kernel launched is checked to be a K = 2 quad-table one, with the halves
-    decode where it has E4M4 scales and two row tiles a stage."""
+    8 stages a tile, 24 a CTA: the quad table, two row tiles a stage; x copied with each
+    stage) and 1024x57344 (64 row tiles, one a CTA; 448 groups a row: two units a warp, one
+    row tile a stage; 28 stages: the quad table), with a bias, against x times the
+    dequantized W in float32 (plus the bias). On sm_90 with up to 132 SMs the kernel
+    launched is checked to be that K = 2 quad-table one, with the halves decode where a
+    stage holds one row tile or the scales are E4M4."""
     import torch
     sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
-    n_out, k_in = 4400, 16384
-    t, w32 = k2_on_gpu(gen, n_out, k_in, fmt)
-    for m in (1, 2, 3, 4):
-        dtype = torch.float16 if m % 2 else torch.bfloat16
-        x = torch.randn(m, k_in, device="cuda", generator=gen).to(dtype)
-        bias = torch.randn(n_out, device="cuda", generator=gen).to(dtype)
-        check_on_gpu(t, w32, x, bias, f"{fmt} m={m}")
-        if sm90:
-            ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
-            assert len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)), f"{fmt} m={m}: ran {ran}"
-            halves = fmt == "e4m4" and ran[0][3] == 2
-            assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
+    # (n_out, k_in, (units a warp, row tiles a stage))
+    for n_out, k_in, kernel in ((4400, 16384, (1, 2)), (1024, 57344, (2, 1))):
+        t, w32 = k2_on_gpu(gen, n_out, k_in, fmt)
+        for m in (1, 2, 3, 4):
+            dtype = torch.float16 if m % 2 else torch.bfloat16
+            x = torch.randn(m, k_in, device="cuda", generator=gen).to(dtype)
+            bias = torch.randn(n_out, device="cuda", generator=gen).to(dtype)
+            what = f"{fmt} {n_out}x{k_in} m={m}"
+            check_on_gpu(t, w32, x, bias, what)
+            if sm90:
+                ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
+                assert (len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)) and
+                        ran[0][2:] == kernel), f"{what}: ran {ran}"
+                halves = fmt == "e4m4" or kernel[1] == 1
+                assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves], what
 
 
 @requires_gpu

@@ -1550,9 +1550,10 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                 l = one;
                         }
                     }
-                    // K = 2 at m <= kHalvesMaxM on the quad table, E4M4 scales and two row
-                    // tiles a stage: the halves decode (5-8% faster there; with fp16 scales
-                    // 3-12% slower: bench/RESULTS.md, session 39)
+                    // K = 2 at m <= kHalvesMaxM on the quad table: the halves decode where
+                    // a stage holds one row tile (3-10% faster with every scale format) or
+                    // the scales are E4M4 (two row tiles: 4-8% faster; with fp16 or fp32
+                    // scales 3-14% slower: bench/RESULTS.md, session 39)
                     const bool halves = K == 2 && quads > 0 && m <= kHalvesMaxM;
                     auto streamed = [&](auto q, auto per_warp, auto tiles, auto h) {
                         constexpr auto kernel =
@@ -1574,8 +1575,8 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         using Two = std::integral_constant<int, 2>;
                         constexpr int kQ = decltype(q)::value;
                         auto go = [&](auto pw, auto tl) {  // (the halves decode: see above)
-                            if constexpr (K == 2 && kQ > 0 && F == KBIT_ABSMAX_E4M4 &&
-                                          decltype(tl)::value == 2)
+                            if constexpr (K == 2 && kQ > 0 &&
+                                          (F == KBIT_ABSMAX_E4M4 || decltype(tl)::value == 1))
                                 if (halves) return streamed(q, pw, tl, std::true_type{});
                             streamed(q, pw, tl, std::false_type{});
                         };
