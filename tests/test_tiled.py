@@ -364,6 +364,15 @@ def streamed_gemv_halves(run):
     return [g[0] == "true" for g in launched(run, r"gemv_tiled_kernel<[^<>]*, (true|false)>")]
 
 
+def halves_expected(kernel, absmax, m):
+    """Whether the launcher takes K = 2's halves decode for a streamed kernel (K, quad-table
+    copies, units a warp, row tiles a stage) at m rows of x (gemv.cu's halves_decode): the
+    quad table at m <= 4 with two units a warp, or two row tiles and E4M4 scales."""
+    k, quads, per_warp, tiles = kernel
+    return (k == 2 and quads > 0 and m <= 4 and
+            (per_warp == 2 or (tiles == 2 and absmax == "e4m4")))
+
+
 def gemm90_kernels(run):
     """(kernel, N, CTAs an SM, even walk) of each tiled or GGUF GEMM kernel of sm_90 that
     run() launches ("tiled" or "gguf"; the GGUF GEMM's one CTA an SM has no parameter:
@@ -421,7 +430,7 @@ def test_gpu_streamed_k2_kernels():
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
-                halves = kernel[1] > 0 and m <= 4  # (E4M4 scales) the halves decode
+                halves = halves_expected(kernel, "e4m4", m)
                 assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
 
 
@@ -432,10 +441,10 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
     4400x16384 (275 row tiles, two or three a CTA on 132 SMs, a CTA's odd last tile alone;
     8 stages a tile, 24 a CTA: the quad table, two row tiles a stage; x copied with each
     stage) and 1024x57344 (64 row tiles, one a CTA; 448 groups a row: two units a warp, one
-    row tile a stage; 28 stages: the quad table), with a bias, against x times the
-    dequantized W in float32 (plus the bias). On sm_90 with up to 132 SMs the kernel
-    launched is checked to be that K = 2 quad-table one, with the halves decode where a
-    stage holds one row tile or the scales are E4M4."""
+    row tile a stage; 28 stages of 16 units a tile: the quad table), with a bias, against x
+    times the dequantized W in float32 (plus the bias). On sm_90 with up to 132 SMs the
+    kernel launched is checked to be that K = 2 quad-table one, with the halves decode
+    where halves_expected says (two units a warp; two row tiles with E4M4 scales)."""
     import torch
     sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
@@ -452,7 +461,7 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert (len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)) and
                         ran[0][2:] == kernel), f"{what}: ran {ran}"
-                halves = fmt == "e4m4" or kernel[1] == 1
+                halves = halves_expected(ran[0], fmt, m)
                 assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves], what
 
 

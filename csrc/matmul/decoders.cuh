@@ -825,8 +825,8 @@ __device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int v,
 // A K = 2 tiled lane's word as two rows' A fragments through the quad table, its bytes
 // as stored (the halves decode, chunk_mma_halves in gemv.cu): byte b holds row g's
 // (b < 2) or row g + 8's pairs 2 (b & 1) and 2 (b & 1) + 1, one load each; ag row g's
-// pairs 0..3, ag8 row g + 8's. No nibble shuffles: a load and a byte permute for four
-// weights.
+// pairs 0..3, ag8 row g + 8's. No nibble shuffles: four weights a load (its address a
+// byte permute with 32 copies, a shift and a LOP3 with 16).
 template <int kCopies>
 __device__ __forceinline__ void quad_rows(uint32_t w, const QuadTable<kCopies> &quads,
                                           uint32_t (&ag)[4], uint32_t (&ag8)[4]) {

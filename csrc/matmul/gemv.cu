@@ -25,7 +25,8 @@
 //   (the repack did them). m <= 8 on sm_90: streamed, a persistent CTA an SM reading
 //   every grid-th row tile (the two-tile kernels of K = 2, and of K = 3 where x
 //   outweighs W: a run of pairs), each one contiguous range, through a ring of
-//   shared-memory stages that the bulk copy engine fills (gemv_tiled_kernel); m = 9..16
+//   shared-memory stages that the bulk copy engine fills (gemv_tiled_kernel; K = 2 at
+//   m <= 4 on its quad table: the halves decode, halves_decode); m = 9..16
 //   and older GPUs: each lane loads its own pair indices into registers one group ahead
 //   (gemv_tiled_regs_kernel).
 // - GGUF streamed (gguf_stream.cuh, sm_90, m <= 16 below gguf90_min_m): the tiled
@@ -80,7 +81,17 @@ __device__ __forceinline__ void chunk_mma(const uint32_t (&pa)[4], const uint32_
 // C(g, 2j) + C(g + 8, 2j + 1) is the row's sum against x row j, held by lane (g, t = j).
 // Rows g and g + 8 take an mma step each, into sums of their own: acc[0] row g, acc[2]
 // row g + 8, column t (acc[1], acc[3] unused).
-constexpr int kHalvesMaxM = 4;
+constexpr int kHalvesMaxM = kMaxM / 2;  // two columns of B an x row
+// The streamed tiled kernels that take the halves decode at m <= kHalvesMaxM, as measured
+// (bench/RESULTS.md, session 39): K = 2 on the quad table with two units a warp (one row
+// tile a stage: 2-10% faster with every scale format), or with two row tiles a stage and
+// E4M4 scales (2-8% faster; with fp16 / fp32 scales those spill and ran 3-15% slower).
+// One unit of one row tile a warp was not measured and keeps the committed decode.
+template <int K, kbit_absmax_format F, int kQuads, int kPerWarp, int kTiles>
+constexpr bool halves_decode() {
+    return K == 2 && kQuads > 0 &&
+           (kPerWarp == 2 || (kTiles == 2 && F == KBIT_ABSMAX_E4M4));
+}
 template <class T>
 __device__ __forceinline__ void chunk_mma_halves(const uint32_t (&ag)[4], const uint32_t (&ag8)[4],
                                                  uint2 xb, float sa, float sb, float (&acc)[4]) {
@@ -701,7 +712,8 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
 #else
     static_assert(!kQuads || K == 2, "the quad table is K = 2's");
     static_assert(kTiles == 1 || kPerWarp == 1, "a warp's units: one tile's or kTiles'");
-    static_assert(!kHalves || kQuads > 0, "halves: K = 2's quad table");
+    static_assert(!kHalves || halves_decode<K, FMT, kQuads, kPerWarp, kTiles>(),
+                  "halves: where halves_decode says");
     using Dec = KbitStaged<T, K, FMT>;  // its pair entries
     using St = StreamStage<K, FMT, kPerWarp, kTiles>;
     constexpr int kSB = St::kSB, kUnits = kStreamWarps * kPerWarp;  // kUnits: groups a stage
@@ -825,11 +837,11 @@ gemv_tiled_kernel(const uint8_t *__restrict__ packed, const uint8_t *__restrict_
         return make_uint2(lds_u32(xu + v * kChunk * 2), lds_u32(xu + v * kChunk * 2 + 8));
     };
     [[maybe_unused]] auto halves = [&](uint32_t word, uint2 xb, float fa, float fb,
-                                        float (&sums)[4]) {
+                                        float (&out)[4]) {
         if constexpr (kHalves) {
             uint32_t ag[4], ag8[4];
             quad_rows(word, my_table, ag, ag8);
-            chunk_mma_halves<T>(ag, ag8, xb, fa, fb, sums);
+            chunk_mma_halves<T>(ag, ag8, xb, fa, fb, out);
         }
     };
     Sums<kTiles> acc;         // row tile u of the group: acc.v[u]
@@ -1550,11 +1562,6 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                                 l = one;
                         }
                     }
-                    // K = 2 at m <= kHalvesMaxM on the quad table: the halves decode where
-                    // a stage holds one row tile (3-10% faster with every scale format) or
-                    // the scales are E4M4 (two row tiles: 4-8% faster; with fp16 or fp32
-                    // scales 3-14% slower: bench/RESULTS.md, session 39)
-                    const bool halves = K == 2 && quads > 0 && m <= kHalvesMaxM;
                     auto streamed = [&](auto q, auto per_warp, auto tiles, auto h) {
                         constexpr auto kernel =
                             gemv_tiled_kernel<T, K, F, decltype(q)::value,
@@ -1574,10 +1581,12 @@ kbit_status kbit_tiled_entry(const void *x, int64_t m, int64_t k_in, int64_t n_o
                         using One = std::integral_constant<int, 1>;
                         using Two = std::integral_constant<int, 2>;
                         constexpr int kQ = decltype(q)::value;
-                        auto go = [&](auto pw, auto tl) {  // (the halves decode: see above)
-                            if constexpr (K == 2 && kQ > 0 &&
-                                          (F == KBIT_ABSMAX_E4M4 || decltype(tl)::value == 1))
-                                if (halves) return streamed(q, pw, tl, std::true_type{});
+                        auto go = [&](auto pw, auto tl) {  // the halves decode where it won
+                            if constexpr (halves_decode<K, F, kQ, decltype(pw)::value,
+                                                        decltype(tl)::value>()) {
+                                if (m <= kHalvesMaxM)
+                                    return streamed(q, pw, tl, std::true_type{});
+                            }
                             streamed(q, pw, tl, std::false_type{});
                         };
                         if constexpr (K <= 3) {
