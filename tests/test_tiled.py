@@ -352,16 +352,10 @@ def launched(run, pattern):
 
 
 def streamed_gemv_kernels(run):
-    """(K, quad-table copies, units a warp, row tiles a stage) of each streamed tiled GEMV
-    kernel that run() launches (its halves decode aside: streamed_gemv_halves)."""
-    return [tuple(int(v) for v in g) for g in launched(
-        run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+), (?:true|false)>")]
-
-
-def streamed_gemv_halves(run):
-    """Whether each streamed tiled GEMV kernel that run() launches takes K = 2's halves
-    decode (its last template argument)."""
-    return [g[0] == "true" for g in launched(run, r"gemv_tiled_kernel<[^<>]*, (true|false)>")]
+    """(K, quad-table copies, units a warp, row tiles a stage, K = 2's halves decode) of each
+    streamed tiled GEMV kernel that run() launches."""
+    return [tuple(int(v) for v in g[:4]) + (g[4] == "true",) for g in launched(
+        run, r"gemv_tiled_kernel<[^,<>]+, (\d+), [^,<>]+, (\d+), (\d+), (\d+), (true|false)>")]
 
 
 def halves_expected(kernel, absmax, m):
@@ -428,10 +422,9 @@ def test_gpu_streamed_k2_kernels():
             x = torch.randn(m, k_in, device="cuda", generator=gen).half()
             check_on_gpu(t, w32, x, bias, f"{n_out}x{k_in} m={m}")
             if sm90:
+                want = kernel + (halves_expected(kernel, "e4m4", m),)
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
-                assert ran == [kernel], f"{n_out}x{k_in} m={m}: ran {ran}, want {kernel}"
-                halves = halves_expected(kernel, "e4m4", m)
-                assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves]
+                assert ran == [want], f"{n_out}x{k_in} m={m}: ran {ran}, want {want}"
 
 
 @requires_gpu
@@ -460,9 +453,8 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
             if sm90:
                 ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
                 assert (len(ran) == 1 and ran[0][:2] in ((2, 16), (2, 32)) and
-                        ran[0][2:] == kernel), f"{what}: ran {ran}"
-                halves = halves_expected(ran[0], fmt, m)
-                assert streamed_gemv_halves(lambda: kbit.matmul(x, t, bias)) == [halves], what
+                        ran[0][2:4] == kernel), f"{what}: ran {ran}"
+                assert ran[0][4] == halves_expected(ran[0][:4], fmt, m), f"{what}: ran {ran}"
 
 
 @requires_gpu
@@ -492,8 +484,8 @@ def test_gpu_streamed_resident_x_pieces(k):
         err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
         assert err <= TOL["float16"], f"K={k} {n_out}x{k_in} m={m}: relative error {err:.3g}"
         if sm90 and m <= 2:
-            # (K, quad-table copies, units a warp, row tiles a stage)
-            want = (k, 0, 2 if k == 3 else 1, 1)
+            # (K, quad-table copies, units a warp, row tiles a stage, halves decode)
+            want = (k, 0, 2 if k == 3 else 1, 1, False)
             ran = streamed_gemv_kernels(lambda: kbit.matmul(x, t, bias))
             assert ran == [want], f"K={k} m={m}: ran {ran}, want {want}"
 
@@ -522,8 +514,8 @@ def test_gpu_streamed_two_tiles_formats(rng, fmt, k):
         check_accuracy(y, reference(x, w64, bias, dtype), dtype,
                        f"two tiles K={k} {fmt} m={m}", magnitude(x, w64, dtype))
         if sm90:
-            # (K, quad-table copies, units a warp, row tiles a stage)
-            want = (k, 0, 1, 1 if k == 3 and m == 4 else 2)
+            # (K, quad-table copies, units a warp, row tiles a stage, halves decode)
+            want = (k, 0, 1, 1 if k == 3 and m == 4 else 2, False)
             ran = streamed_gemv_kernels(lambda: kbit.matmul(xc, t, bc))
             assert ran == [want], f"K={k} {fmt} m={m}: ran {ran}, want {want}"
 
