@@ -171,6 +171,8 @@ def test_gpu_readers(tmp_path):
     assert row["floor"]["by"] in names and row["floor"]["median_us"] > 0
     assert row["pct_floor"] == pytest.approx(
         100.0 * row["floor"]["median_us"] / row["kbit"]["median_us"])
+    assert row["floor_speedup_cublas"] == pytest.approx(
+        row["cublas_us"] / row["floor"]["median_us"])
 
 
 def _gpu_check(steps, dry=True, *args):
