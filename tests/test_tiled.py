@@ -437,14 +437,16 @@ def test_gpu_streamed_k2_quads_small_m(fmt):
     row tile a stage; 28 stages of 16 units a tile: the quad table), with a bias, against x
     times the dequantized W in float32 (plus the bias). On sm_90 with up to 132 SMs the
     kernel launched is checked to be that K = 2 quad-table one, with the halves decode
-    where halves_expected says (two units a warp; two row tiles with E4M4 scales)."""
+    where halves_expected says (two units a warp; two row tiles with E4M4 scales). Also m =
+    5 and 8, where the same kernels run (the quad table in 16 copies: rings of two or three
+    beside x's stage copies) and the halves decode, which sums only m <= 4 rows, must not."""
     import torch
     sm90 = hopper_kernels() and torch.cuda.get_device_properties(0).multi_processor_count <= 132
     gen = torch.Generator(device="cuda").manual_seed(23 + FORMATS[fmt])
     # (n_out, k_in, (units a warp, row tiles a stage))
     for n_out, k_in, kernel in ((4400, 16384, (1, 2)), (1024, 57344, (2, 1))):
         t, w32 = k2_on_gpu(gen, n_out, k_in, fmt)
-        for m in (1, 2, 3, 4):
+        for m in (1, 2, 3, 4, 5, 8):
             dtype = torch.float16 if m % 2 else torch.bfloat16
             x = torch.randn(m, k_in, device="cuda", generator=gen).to(dtype)
             bias = torch.randn(n_out, device="cuda", generator=gen).to(dtype)
